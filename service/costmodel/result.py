@@ -1,0 +1,125 @@
+"""What the cost model returns: `EstimateTable` (numpy columns, one row per plan) and `Estimate`
+(one plan, typed, with its memory and time breakdowns)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from service.spec.plan import Plan
+
+MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
+TIME_TERMS = ("compute", "recompute", "dp_comm", "tp_comm", "pp_comm", "bubble", "offload")
+
+
+@dataclass(frozen=True)
+class EstimateTable:
+    """Per-plan numbers. Memory in bytes per GPU (the busiest GPU: pipeline stage 0); times in seconds
+    per optimizer step; `*_exposed` terms are what is left after overlap and adds up to `step_time_s`."""
+
+    params_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    logits_bytes: np.ndarray
+    buffers_bytes: np.ndarray
+    overhead_bytes: np.ndarray
+    total_bytes: np.ndarray
+    cpu_offload_bytes: np.ndarray  # host memory per GPU holding offloaded states
+    memory_limit_bytes: np.ndarray  # HBM × (1 − headroom)
+    fits: np.ndarray
+    compute_s: np.ndarray
+    recompute_s: np.ndarray
+    dp_comm_s: np.ndarray  # exposed (not hidden behind compute)
+    tp_comm_s: np.ndarray
+    pp_comm_s: np.ndarray
+    bubble_s: np.ndarray
+    offload_s: np.ndarray  # exposed
+    step_time_s: np.ndarray
+    tokens_per_s: np.ndarray
+    tokens_per_s_per_gpu: np.ndarray
+    model_tflops_per_gpu: np.ndarray
+    mfu: np.ndarray
+    hours: np.ndarray  # to train the workload's tokens
+    dollars: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.total_bytes)
+
+    def take(self, index: np.ndarray) -> EstimateTable:
+        return EstimateTable(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+class MemoryBreakdown(BaseModel):
+    """Bytes per GPU by term; `total` is their sum."""
+
+    model_config = ConfigDict(frozen=True)
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    buffers: float
+    overhead: float
+    total: float
+    cpu_offload: float
+
+
+class TimeBreakdown(BaseModel):
+    """Seconds per optimizer step by term, after overlap; they add up to `step_time_s`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    compute: float
+    recompute: float
+    dp_comm: float
+    tp_comm: float
+    pp_comm: float
+    bubble: float
+    offload: float
+
+
+class Estimate(BaseModel):
+    """The cost model's answer for one plan."""
+
+    model_config = ConfigDict(frozen=True)
+
+    plan: Plan
+    memory_per_gpu_bytes: MemoryBreakdown
+    memory_limit_bytes: float
+    fits: bool
+    time_breakdown_s: TimeBreakdown
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    hours: float
+    dollars: float
+
+    @classmethod
+    def from_table(cls, table: EstimateTable, plan: Plan, i: int = 0) -> Estimate:
+        def g(name: str) -> float:
+            return float(getattr(table, name)[i])
+
+        memory = MemoryBreakdown(
+            **{t: g(f"{t}_bytes") for t in MEMORY_TERMS}, total=g("total_bytes"), cpu_offload=g("cpu_offload_bytes")
+        )
+        times = TimeBreakdown(**{t: g(f"{t}_s") for t in TIME_TERMS})
+        return cls(
+            plan=plan,
+            memory_per_gpu_bytes=memory,
+            memory_limit_bytes=g("memory_limit_bytes"),
+            fits=bool(table.fits[i]),
+            time_breakdown_s=times,
+            step_time_s=g("step_time_s"),
+            tokens_per_s=g("tokens_per_s"),
+            tokens_per_s_per_gpu=g("tokens_per_s_per_gpu"),
+            model_tflops_per_gpu=g("model_tflops_per_gpu"),
+            mfu=g("mfu"),
+            hours=g("hours"),
+            dollars=g("dollars"),
+        )

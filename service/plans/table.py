@@ -1,0 +1,66 @@
+"""`PlanTable`: many `Plan`s as numpy columns, so the cost model scores them in one vectorised pass.
+
+The cost model's formulas take numpy arrays (or scalars) and never loop over plans; the scalar
+`estimate()` is the same code on a one-row table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import get_args
+
+import numpy as np
+
+from service.spec.plan import Plan, Precision, Recompute
+
+RECOMPUTE_CODES: tuple[str, ...] = get_args(Recompute)  # ("none", "selective", "full")
+PRECISION_CODES: tuple[str, ...] = get_args(Precision)  # ("bf16", "fp16", "fp32")
+
+
+@dataclass(frozen=True)
+class PlanTable:
+    """Columns of `Plan` fields; `recompute` and `precision` hold indexes into the *_CODES tuples."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    zero_stage: np.ndarray
+    offload_optimizer: np.ndarray
+    offload_params: np.ndarray
+    micro_batch: np.ndarray
+    grad_accum: np.ndarray
+    recompute: np.ndarray
+    sequence_parallel: np.ndarray
+    precision: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.dp)
+
+    @classmethod
+    def from_columns(cls, **cols: np.ndarray) -> PlanTable:
+        """Builds a table from equal-length columns (ints; bools for the flags)."""
+        ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
+        return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
+
+    @classmethod
+    def from_plans(cls, plans: list[Plan]) -> PlanTable:
+        cols: dict[str, list[object]] = {f.name: [] for f in fields(cls)}
+        for p in plans:
+            for name in cols:
+                value = getattr(p, name)
+                if name == "recompute":
+                    value = RECOMPUTE_CODES.index(value)
+                elif name == "precision":
+                    value = PRECISION_CODES.index(value)
+                cols[name].append(value)
+        return cls.from_columns(**{k: np.asarray(v) for k, v in cols.items()})
+
+    def take(self, index: np.ndarray) -> PlanTable:
+        """Rows at `index` (an integer array or a boolean mask)."""
+        return PlanTable(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def row(self, i: int) -> Plan:
+        values = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
+        values["recompute"] = RECOMPUTE_CODES[values["recompute"]]
+        values["precision"] = PRECISION_CODES[values["precision"]]
+        return Plan(**values)

@@ -1,0 +1,65 @@
+"""One error type for bad input, and the one-line message every entry point prints for it.
+
+A user who typed a wrong key or an impossible plan wants one line that names the file, the field and
+what is allowed, never a traceback. Everything that reads user input raises `SpecError`; the CLI
+prints `str(err)` and exits 2.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SpecError(ValueError):
+    """Bad user input: `field` is a dotted path, `source` the file (or flag) it came from."""
+
+    def __init__(self, field: str, message: str, source: str | None = None):
+        self.field = field
+        self.message = message
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field}: {message}")
+
+
+def _allowed_keys(model_cls: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:
+    """Walks `loc` through nested pydantic models to list the keys allowed where the bad key sits."""
+    cls = model_cls
+    for part in loc[:-1]:
+        if cls is None or not isinstance(part, str) or part not in cls.model_fields:
+            return None
+        ann = cls.model_fields[part].annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        cls = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return sorted(cls.model_fields) if cls is not None else None
+
+
+def from_validation_error(
+    err: ValidationError, source: str | None = None, model_cls: type[BaseModel] | None = None
+) -> SpecError:
+    """Turns pydantic's multi-line report into a `SpecError` about its first problem."""
+    first = err.errors(include_url=False)[0]
+    loc = tuple(p for p in first["loc"] if p not in ("function-after", "function-before"))
+    field = ".".join(str(p) for p in loc) or "(top level)"
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, SpecError):
+        msg = inner.message  # a catalog lookup inside a validator already said what is allowed
+    if first["type"] == "extra_forbidden":
+        allowed = _allowed_keys(model_cls, loc)
+        msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+    return SpecError(field, msg, source)
+
+
+def validate_as(model_cls: type[M], data: Any, source: str | None = None, prefix: str = "") -> M:
+    """`model_cls.model_validate(data)`, with errors as a one-line `SpecError`."""
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as err:
+        spec_err = from_validation_error(err, source, model_cls)
+        if prefix:
+            spec_err = SpecError(f"{prefix}.{spec_err.field}", spec_err.message, source)
+        raise spec_err from None

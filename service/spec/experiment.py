@@ -1,0 +1,75 @@
+"""`ExperimentSpec`: one YAML file naming the model, cluster, workload, budget, proxy and tracking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.spec.errors import SpecError, validate_as
+from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
+from service.spec.proxy import ProxySpec
+from service.spec.tracking import TrackingSpec
+from service.spec.workload import Budget, Workload
+
+
+class ExperimentSpec(BaseModel):
+    """Everything needed to plan, proxy and search one production run.
+
+    Example (YAML):
+        name: llama2-13b-32xh100
+        model: llama2-13b            # catalog name, a path to a ModelSpec YAML, or inline fields
+        cluster: {gpu: h100-sxm-80gb, num_nodes: 4, gpus_per_node: 8}
+        workload: {seq_len: 4096, global_batch_sequences: 128, tokens_to_train: 2.0e9}
+        budget: {max_dollars: 1000, max_hours: 12}
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Experiment name (MLflow experiment, report titles).")
+    model: ModelSpec = Field(description="Catalog name, path to a YAML with ModelSpec fields, or inline fields.")
+    cluster: ClusterSpec = Field(description="The production cluster.")
+    workload: Workload = Field(description="Sequence length, global batch, tokens to train.")
+    budget: Budget = Field(default_factory=Budget, description="Dollar and hour limits, objective.")  # type: ignore[arg-type]
+    proxy: ProxySpec = Field(default_factory=ProxySpec, description="How proxy runs scale the model down.")  # type: ignore[arg-type]
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="MLflow settings.")  # type: ignore[arg-type]
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _resolve_model(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from service.catalog import load_model
+
+            return load_model(value)
+        return value
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Reads a YAML file; a missing or malformed file is a `SpecError` naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("path", "no such file", str(path))
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "(file)"
+        raise SpecError(where, f"not valid YAML: {getattr(err, 'problem', err)}", str(path)) from None
+
+
+def load_experiment(path: str | Path) -> ExperimentSpec:
+    """Reads and validates an experiment YAML; errors name the file and the field."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError("(top level)", "expected a mapping of experiment fields", str(path))
+    model = data.get("model")
+    if isinstance(model, str) and model.endswith((".yaml", ".yml")) and not Path(model).is_absolute():
+        # A model file is looked up next to the experiment that names it.
+        data = {**data, "model": str(Path(path).parent / model)}
+    try:
+        return validate_as(ExperimentSpec, data, str(path))
+    except SpecError as err:
+        raise SpecError(err.field, err.message, err.source or str(path)) from None

@@ -1,0 +1,100 @@
+"""`GPUSpec` (a catalog entry) and `ClusterSpec` (how many of them, in how many nodes, at what price)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class GPUSpec(BaseModel):
+    """One accelerator type, from public datasheets. Bandwidths are per GPU and per direction.
+
+    `gemm_efficiency_max` and `attention_efficiency` are the fractions of peak that large bf16 matrix
+    multiplies and fused (flash) attention reach on this part; each catalog file cites where its
+    figure comes from. They are priors from kernel benchmarks, never fitted to training runs.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Catalog name, e.g. h100-sxm-80gb.")
+    peak_tflops_bf16: float = Field(gt=0, description="Dense bf16 tensor-core peak (TFLOP/s).")
+    peak_tflops_fp16: float = Field(gt=0, description="Dense fp16 tensor-core peak (TFLOP/s).")
+    peak_tflops_fp32: float = Field(gt=0, description="fp32 peak without TF32 (TFLOP/s).")
+    hbm_gib: float = Field(gt=0, description="Device memory (GiB).")
+    hbm_bandwidth_gb_per_s: float = Field(gt=0, description="Device memory bandwidth (GB/s).")
+    intra_node_bandwidth_gb_per_s: float = Field(
+        gt=0, description="GPU-to-GPU bandwidth inside a node (NVLink), per GPU per direction (GB/s)."
+    )
+    inter_node_bandwidth_gb_per_s: float = Field(
+        gt=0, description="Network bandwidth between nodes, per GPU per direction (GB/s)."
+    )
+    intra_node_latency_us: float = Field(5.0, ge=0, description="Latency of one intra-node collective step (µs).")
+    inter_node_latency_us: float = Field(15.0, ge=0, description="Latency of one inter-node collective step (µs).")
+    host_to_device_gb_per_s: float = Field(gt=0, description="PCIe bandwidth, per GPU per direction (GB/s).")
+    cpu_adam_gparams_per_s: float = Field(
+        gt=0, description="CPU Adam step throughput available per GPU when the optimizer is offloaded (Gparam/s)."
+    )
+    gemm_efficiency_max: float = Field(gt=0, le=1, description="Fraction of peak a large GEMM reaches.")
+    attention_efficiency: float = Field(gt=0, le=1, description="Fraction of peak fused attention reaches.")
+    kernel_overhead_us: float = Field(
+        4.0, ge=0, description="Launch and scheduling cost per kernel (µs), paid by small shapes."
+    )
+    framework_overhead_gib: float = Field(
+        gt=0, description="Memory the runtime takes before any tensor: CUDA context, allocator slack (GiB)."
+    )
+    price_per_gpu_hour_usd: float = Field(ge=0, description="Default on-demand price per GPU-hour (USD).")
+    source: str = Field("", description="Where the figures come from.")
+
+    def peak_tflops(self, precision: str) -> float:
+        return {"bf16": self.peak_tflops_bf16, "fp16": self.peak_tflops_fp16, "fp32": self.peak_tflops_fp32}[
+            precision
+        ]
+
+
+class ClusterSpec(BaseModel):
+    """`num_nodes` × `gpus_per_node` GPUs of one type; `gpu` is a catalog name or an inline `GPUSpec`.
+
+    Example:
+        >>> ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, gpus_per_node=8).num_gpus
+        32
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: GPUSpec = Field(description="GPU catalog name (see `python -m service catalog`) or inline spec.")
+    num_nodes: int = Field(1, gt=0, description="Nodes.")
+    gpus_per_node: int = Field(8, gt=0, description="GPUs per node.")
+    price_per_gpu_hour_usd: float | None = Field(
+        None, ge=0, description="Overrides the catalog's price per GPU-hour (USD)."
+    )
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _resolve_gpu(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from service.catalog import load_gpu
+
+            return load_gpu(value)
+        return value
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def price_usd_per_gpu_hour(self) -> float:
+        if self.price_per_gpu_hour_usd is not None:
+            return self.price_per_gpu_hour_usd
+        return self.gpu.price_per_gpu_hour_usd
+
+    @classmethod
+    def from_gpu_count(cls, gpu: str | GPUSpec, num_gpus: int, gpus_per_node: int = 8) -> ClusterSpec:
+        """For CLIs that take a GPU count: checks that it divides into whole nodes."""
+        if num_gpus <= 0:
+            raise ValueError(f"gpus must be positive, got {num_gpus}")
+        if num_gpus < gpus_per_node:
+            return cls(gpu=gpu, num_nodes=1, gpus_per_node=num_gpus)  # type: ignore[arg-type]
+        if num_gpus % gpus_per_node:
+            raise ValueError(f"gpus {num_gpus} is not a whole number of nodes of gpus_per_node {gpus_per_node}")
+        return cls(gpu=gpu, num_nodes=num_gpus // gpus_per_node, gpus_per_node=gpus_per_node)  # type: ignore[arg-type]

@@ -1,0 +1,130 @@
+"""`Plan`: how one training step is laid out on the cluster, and the one place that checks it.
+
+Every part of the service (cost model, enumerator, search space, DeepSpeed config builder, worker)
+takes this `Plan`. `plan_problem` is the only place that decides whether a plan can run.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
+from service.spec.workload import Workload
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp32"]
+
+
+class Plan(BaseModel):
+    """A parallel layout: dp·tp·pp GPUs, ZeRO stage and offload, batch split and recompute.
+
+    Example:
+        >>> Plan(dp=8, tp=4, pp=1, zero_stage=1, micro_batch=2, grad_accum=8).num_gpus
+        32
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dp: int = Field(1, gt=0, description="Data-parallel degree (replicas).")
+    tp: int = Field(1, gt=0, description="Tensor-parallel degree (Megatron / DeepSpeed AutoTP).")
+    pp: int = Field(1, gt=0, description="Pipeline-parallel stages.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params.")
+    offload_optimizer: bool = Field(False, description="Optimizer states and step on CPU (ZeRO-Offload).")
+    offload_params: bool = Field(False, description="Parameters on CPU between uses (ZeRO-Infinity, stage 3).")
+    micro_batch: int = Field(1, gt=0, description="Sequences per micro-batch per data-parallel rank.")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step (pipeline micro-batches).")
+    recompute: Recompute = Field("none", description="Activation checkpointing: none, selective, full.")
+    sequence_parallel: bool = Field(
+        False, description="Shard norm/dropout activations over the TP group (Korthikanti et al.)."
+    )
+    precision: Precision = Field("bf16", description="Compute precision; bf16/fp16 mean mixed precision.")
+
+    @model_validator(mode="after")
+    def _check_self(self) -> Plan:
+        problem = _plan_only_problem(self)
+        if problem:
+            raise ValueError(problem[1])
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.micro_batch * self.grad_accum * self.dp
+
+    def short(self) -> str:
+        """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel`."""
+        off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
+        sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
+        return (
+            f"dp{self.dp}-tp{self.tp}-pp{self.pp}-z{self.zero_stage}{off}-mb{self.micro_batch}"
+            f"-ga{self.grad_accum}-rc:{self.recompute[:4]}{sp}"
+        )
+
+
+def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
+    """Rules that need nothing but the plan: what DeepSpeed can combine."""
+    if plan.offload_params and plan.zero_stage != 3:
+        return "offload_params", "parameter offload needs zero_stage 3"
+    if plan.offload_optimizer and plan.zero_stage == 0:
+        return "offload_optimizer", "optimizer offload needs zero_stage 1, 2 or 3"
+    if plan.pp > 1 and plan.zero_stage > 1:
+        # DeepSpeed's PipelineEngine asserts ZeRO stage < 2 (deepspeed/runtime/pipe/engine.py).
+        return "zero_stage", "pipeline parallelism (pp > 1) supports zero_stage 0 or 1 only"
+    if plan.tp > 1 and plan.zero_stage == 3:
+        # AutoTP training composes with ZeRO 0-2 (DeepSpeed AutoTP training tutorial).
+        return "zero_stage", "tensor parallelism (tp > 1) supports zero_stage 0, 1 or 2 only"
+    if plan.tp > 1 and plan.pp > 1:
+        return "pp", "DeepSpeed cannot combine AutoTP (tp > 1) with its pipeline engine (pp > 1)"
+    if plan.sequence_parallel and plan.tp == 1:
+        return "sequence_parallel", "sequence parallelism needs tp > 1"
+    return None
+
+
+def plan_problem(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
+) -> tuple[str, str] | None:
+    """The first reason `plan` cannot run `model` on `cluster` for `workload`, as (field, message).
+
+    Checks dp·tp·pp = GPUs, tp divides attention and KV heads and fits in one node (TP all-reduces
+    every layer and needs NVLink), pp divides the layers (stages are even; uneven splits are not
+    modelled), and the batch split matches the workload's global batch.
+    """
+    own = _plan_only_problem(plan)
+    if own:
+        return own
+    if model.num_attention_heads % plan.tp:
+        return "tp", f"tp {plan.tp} does not divide num_attention_heads {model.num_attention_heads}"
+    if model.kv_heads % plan.tp:
+        return "tp", f"tp {plan.tp} does not divide num_key_value_heads {model.kv_heads}"
+    if model.num_layers % plan.pp:
+        return "pp", f"pp {plan.pp} does not divide num_layers {model.num_layers}"
+    if cluster is not None:
+        if plan.num_gpus != cluster.num_gpus:
+            return "dp", f"dp·tp·pp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"
+        if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
+            return "tp", f"tp {plan.tp} must divide gpus_per_node {cluster.gpus_per_node}"
+    if workload is not None and plan.sequences_per_step != workload.batch_sequences:
+        return (
+            "grad_accum",
+            f"micro_batch·grad_accum·dp = {plan.sequences_per_step} but the global batch is "
+            f"{workload.batch_sequences} sequences",
+        )
+    return None
+
+
+def check_plan(
+    plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
+) -> Plan:
+    """Returns `plan`, or raises `SpecError` naming the field at fault."""
+    from service.spec.errors import SpecError
+
+    problem = plan_problem(plan, model, cluster, workload)
+    if problem:
+        raise SpecError(f"plan.{problem[0]}", problem[1])
+    return plan

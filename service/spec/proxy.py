@@ -1,0 +1,34 @@
+"""`ProxySpec`: how the production model and cluster are scaled down for a real measured run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ProxySpec(BaseModel):
+    """A proxy keeps the production model's architecture and the plan's shape, at a smaller scale."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_layers: int = Field(2, gt=0, description="Transformer blocks in the proxy model.")
+    hidden_scale: int = Field(1, gt=0, description="Divide hidden and MLP widths by this (heads are kept).")
+    vocab_size: int | None = Field(None, gt=0, description="Proxy vocabulary; defaults to the model's.")
+    seq_len: int | None = Field(None, gt=0, description="Proxy sequence length; defaults to the workload's.")
+    num_workers: int = Field(2, gt=0, description="Ray Train workers (GPUs, or CPU processes) per trial.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where the workers run.")
+    precision: Literal["bf16", "fp16", "fp32"] = Field(
+        "fp32", description="Proxy compute precision (CPU proxies run fp32)."
+    )
+    steps: int = Field(6, gt=0, description="Optimizer steps per trial.")
+    warmup_steps: int = Field(2, ge=0, description="Steps left out of the timing.")
+    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every K steps (0 = never).")
+    data: Literal["synthetic"] | str = Field(
+        "synthetic", description="`synthetic` (seeded random tokens) or a path to a binary file of uint16/uint32 token ids."
+    )
+    seed: int = Field(1234, description="Seed for weights, data and dropout.")
+    memory_limit_gib: float | None = Field(
+        None, gt=0, description="Cap on each worker's memory; a plan that exceeds it is reported as oom."
+    )
+    collective_timeout_s: float = Field(120.0, gt=0, description="A collective that takes longer ends the trial.")

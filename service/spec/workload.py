@@ -1,0 +1,66 @@
+"""`Workload` (what is trained) and `Budget` (what the run may cost)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Workload(BaseModel):
+    """Sequence length, global batch and how many tokens to train.
+
+    Give the global batch as `global_batch_sequences` or `global_batch_tokens` (a multiple of
+    `seq_len`); the other is derived.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    global_batch_sequences: int | None = Field(None, gt=0, description="Sequences per optimizer step.")
+    global_batch_tokens: int | None = Field(None, gt=0, description="Tokens per optimizer step.")
+    tokens_to_train: float = Field(gt=0, description="Tokens the whole run processes (all epochs).")
+
+    @model_validator(mode="after")
+    def _derive_batch(self) -> Workload:
+        seqs, toks = self.global_batch_sequences, self.global_batch_tokens
+        if seqs is None and toks is None:
+            raise ValueError("give global_batch_sequences or global_batch_tokens")
+        if toks is not None:
+            if toks % self.seq_len:
+                raise ValueError(f"global_batch_tokens {toks} is not a multiple of seq_len {self.seq_len}")
+            if seqs is not None and seqs * self.seq_len != toks:
+                raise ValueError("global_batch_sequences × seq_len must equal global_batch_tokens")
+            object.__setattr__(self, "global_batch_sequences", toks // self.seq_len)
+        else:
+            assert seqs is not None
+            object.__setattr__(self, "global_batch_tokens", seqs * self.seq_len)
+        return self
+
+    @property
+    def batch_sequences(self) -> int:
+        assert self.global_batch_sequences is not None
+        return self.global_batch_sequences
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.batch_sequences * self.seq_len
+
+    @property
+    def steps_to_train(self) -> float:
+        return self.tokens_to_train / self.batch_tokens
+
+
+class Budget(BaseModel):
+    """Limits on the production run, and what to optimise within them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_dollars: float | None = Field(None, gt=0, description="Most the run may cost (USD); none = no limit.")
+    max_hours: float | None = Field(None, gt=0, description="Longest the run may take (wall-clock hours).")
+    objective: Literal["throughput", "cost"] = Field(
+        "throughput", description="Rank plans by tokens/s (throughput) or by dollars (cost)."
+    )
+    memory_headroom: float = Field(
+        0.10, ge=0, lt=1, description="Fraction of GPU memory kept free for fragmentation and spikes."
+    )
