@@ -1,0 +1,52 @@
+"""Plans, proxies and searches parallel training plans for a large LLM run.
+
+The public API, shaped like Ray's: config objects in, typed results out. Heavy parts (Ray, torch,
+DeepSpeed) are imported only when their names are first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from service.spec import (
+    Budget,
+    ClusterSpec,
+    ExperimentSpec,
+    GPUSpec,
+    ModelSpec,
+    Plan,
+    ProxySpec,
+    SpecError,
+    TrackingSpec,
+    Workload,
+    load_experiment,
+)
+
+# name -> module that defines it; imported on first use so `import service` stays light.
+_LAZY: dict[str, str] = {
+    "estimate": "service.costmodel",
+    "estimate_table": "service.costmodel",
+    "Estimate": "service.costmodel",
+}
+
+__all__ = [
+    "Budget",
+    "ClusterSpec",
+    "ExperimentSpec",
+    "GPUSpec",
+    "ModelSpec",
+    "Plan",
+    "ProxySpec",
+    "SpecError",
+    "TrackingSpec",
+    "Workload",
+    "load_experiment",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'service' has no attribute {name!r}")

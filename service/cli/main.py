@@ -1,0 +1,60 @@
+"""`python -m service COMMAND ...`: a thin dispatcher.
+
+Each command lives in `service/cli/<command>.py` with `add_arguments(parser)` and `run(args) -> int`,
+and is imported only when called, so `plan` and `estimate` never import torch, ray or deepspeed.
+Bad input (`SpecError`) prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from service.spec.errors import SpecError
+
+COMMANDS = {
+    "plan": ("plan", "Rank every valid parallel plan for an experiment and select one under its budget."),
+    "estimate": ("estimate", "Memory, step time, tokens/s and MFU of one plan."),
+    "proxy-run": ("proxy_run", "Run one plan for real at proxy scale on Ray (DeepSpeed workers) and measure it."),
+    "search": ("search", "Search plans on proxies with Ray Tune, pruned by the model, recorded to MLflow."),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's own errors follow the same contract: one line, exit 2.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _module(command: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(f"service.cli.{COMMANDS[command][0]}")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m service", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # Only the command being run is imported (and only it gets its full argument list).
+    wanted = next((a for a in argv if a in COMMANDS), None)
+    for name, (_, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            _module(name).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    try:
+        return int(_module(args.command).run(args) or 0)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
