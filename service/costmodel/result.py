@@ -106,7 +106,9 @@ class Estimate(BaseModel):
             return float(getattr(table, name)[i])
 
         memory = MemoryBreakdown(
-            **{t: g(f"{t}_bytes") for t in MEMORY_TERMS}, total=g("total_bytes"), cpu_offload=g("cpu_offload_bytes")
+            **{t: g(f"{t}_bytes") for t in MEMORY_TERMS},
+            total=g("total_bytes"),
+            cpu_offload=g("cpu_offload_bytes"),
         )
         times = TimeBreakdown(**{t: g(f"{t}_s") for t in TIME_TERMS})
         return cls(

@@ -1,0 +1,95 @@
+"""Time of the math on one GPU: matmuls on a roofline with a tile-fill efficiency, fused attention at
+its kernel efficiency, and element-wise ops at memory bandwidth. Inputs are numpy arrays (one per plan).
+
+Efficiency priors come from the GPU catalog (`gemm_efficiency_max`, `attention_efficiency`: kernel
+benchmarks, cited per GPU) and from tile geometry below, never from fitting training runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.costmodel.flops import attention_core_flops_forward
+from service.costmodel.types import Num
+from service.spec.hardware import GPUSpec
+from service.spec.model import ModelSpec
+
+# A GEMM dimension of TILE_HALF_FILL elements fills half of a typical tensor-core tile (128-256 wide on
+# A100/H100, CUTLASS defaults), so efficiency scales as x/(x+64) per dimension: ~0.98 at 4096, 0.67 at 128.
+TILE_HALF_FILL = 64.0
+# FlashAttention reaches its asymptotic rate only for long sequences; at s = 384 about half of it
+# (FlashAttention-2 paper, Fig. 4-5: ~0.55 of the 16k rate at 512, ~0.9 at 4k).
+ATTENTION_HALF_SEQ = 384.0
+# Backward of flash attention is 2.5× its forward FLOPs (it recomputes the scores; FA2 benchmark count).
+ATTENTION_BACKWARD_RATIO = 2.5
+# Element-wise traffic per token per block in a Hugging Face Llama layer without fused kernels, in units
+# of one activation (bytes / d): RMSNorms ~2×(read x, fp32 cast, square, mean, scale, cast back,
+# weight) ≈ 2×17h,
+# rotary ≈ 6 passes over q and k, SiLU·up ≈ 5 passes over f, residual adds and layout copies ≈ 10h.
+# Backward moves about twice the forward traffic.
+ELEMENTWISE_BACKWARD_RATIO = 2.0
+# Kernels launched per block in forward (HF eager modules: norms, 7 matmuls, rotary, SDPA, SiLU, adds).
+KERNELS_PER_LAYER_FORWARD = 40
+
+
+def gemm_time_s(m: Num, n: Num, k: Num, gpu: GPUSpec, peak_flops: Num, d: Num) -> Num:
+    """Seconds for an (m×k)·(k×n) matmul: the larger of compute time at a tile-fill efficiency and the
+    time to move its operands through HBM (the roofline model, Williams et al. 2009)."""
+    fill = (m / (m + TILE_HALF_FILL)) * (n / (n + TILE_HALF_FILL)) * (k / (k + TILE_HALF_FILL))
+    compute = 2.0 * m * n * k / (peak_flops * gpu.gemm_efficiency_max * fill)
+    memory = d * (m * k + k * n + m * n) / (gpu.hbm_bandwidth_gb_per_s * 1e9)
+    return np.maximum(compute, memory)
+
+
+def layer_gemm_time_forward_s(
+    model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, peak_flops: Num, d: Num
+) -> Num:
+    """Forward matmuls of one block on one TP rank: fused QKV, output projection, MLP in (gate+up
+    fused for swiglu) and MLP out; column-parallel split n, row-parallel split k (Megatron-LM §3)."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    mlp_in = f * (2 if model.mlp == "swiglu" else 1)
+    return (
+        gemm_time_s(tokens, (h + 2 * kv) / tp, h, gpu, peak_flops, d)
+        + gemm_time_s(tokens, h, h / tp, gpu, peak_flops, d)
+        + gemm_time_s(tokens, mlp_in / tp, h, gpu, peak_flops, d)
+        + gemm_time_s(tokens, h, f / tp, gpu, peak_flops, d)
+    )
+
+
+def attention_time_forward_s(
+    model: ModelSpec, tokens: Num, seq_len: int, tp: Num, gpu: GPUSpec, peak_flops: Num
+) -> Num:
+    """Forward of fused causal attention for one block on one TP rank."""
+    efficiency = gpu.attention_efficiency * seq_len / (seq_len + ATTENTION_HALF_SEQ)
+    return attention_core_flops_forward(model, tokens, seq_len, tp) / (peak_flops * efficiency)
+
+
+def elementwise_bytes_per_token_forward(model: ModelSpec, tp: Num, d: Num) -> Num:
+    """HBM bytes the non-matmul ops of one block move per token in forward (see constants above)."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    passes = 2 * 17 * h + 10 * h + (6 * 2 * (h + kv) + 5 * f * (2 if model.mlp == "swiglu" else 1) / 2) / tp
+    return d * passes
+
+
+def elementwise_time_forward_s(model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, d: Num) -> Num:
+    return tokens * elementwise_bytes_per_token_forward(model, tp, d) / (gpu.hbm_bandwidth_gb_per_s * 1e9)
+
+
+def launch_bound_s(gpu: GPUSpec, kernels: float | np.ndarray) -> Num:
+    """Host time to launch `kernels` kernels; the GPU cannot finish a block faster than this."""
+    return np.asarray(kernels, dtype=float) * gpu.kernel_overhead_us * 1e-6
+
+
+def lm_head_time_forward_s(
+    model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, peak_flops: Num, d: Num
+) -> Num:
+    """Output projection (vocab split by tp) plus the log-softmax over V in fp32 (memory-bound)."""
+    gemm = gemm_time_s(tokens, model.vocab_size / tp, model.hidden_size, gpu, peak_flops, d)
+    softmax = tokens * model.vocab_size / tp * (d + 3 * 4) / (gpu.hbm_bandwidth_gb_per_s * 1e9)
+    return gemm + softmax
+
+
+def optimizer_step_time_s(params_updated: Num, gpu: GPUSpec) -> Num:
+    """Adam on the GPU is memory-bound: read grad, master, m, v and write master, m, v, param:
+    about 2 + 3×4 + 3×4 + 2 = 28 bytes per parameter (fused multi-tensor Adam, one pass)."""
+    return params_updated * 28.0 / (gpu.hbm_bandwidth_gb_per_s * 1e9)

@@ -1,0 +1,248 @@
+"""Assembles the per-term formulas into memory, step time, tokens/s, MFU and cost for many plans at
+once (`estimate_table`), or for one (`estimate`, the same code on a one-row table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.costmodel import comm, compute
+from service.costmodel import memory as mem
+from service.costmodel.flops import model_flops_per_token
+from service.costmodel.result import Estimate, EstimateTable
+from service.plans.table import PlanTable
+from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
+from service.spec.plan import Plan
+from service.spec.workload import Workload
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """One pipeline stage's memory terms (bytes per GPU)."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    logits: np.ndarray
+    buffers: np.ndarray
+    cpu: np.ndarray
+
+    def total(self, overhead: float) -> np.ndarray:
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.logits
+            + self.buffers
+            + overhead
+        )
+
+
+def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(params, grads, optimizer) on the GPU and bytes moved to the host, for Ψ = `psi` params."""
+    pb, gb, ob = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    params, grads, optimizer = mem.zero_sharded_bytes(psi, p.dp, p.zero_stage, pb, gb, ob)
+    persistent = mem.zero3_persistent_params(model, p.tp, p.pp)
+    params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / p.dp), params)
+    # ZeRO-Offload keeps optimizer states (and, from stage 2, the fp32 gradient partition) on the host;
+    # ZeRO-Infinity parameter offload keeps the partitioned parameters there (Ren et al. 2021, §4).
+    cpu = np.where(p.offload_optimizer, optimizer, 0.0)
+    cpu = cpu + np.where(p.offload_optimizer & (p.zero_stage >= 2), 4.0 * psi / p.dp, 0.0)
+    cpu = cpu + np.where(p.offload_params, params - pb * persistent, 0.0)
+    optimizer = np.where(p.offload_optimizer, 0.0, optimizer)
+    grads = np.where(p.offload_optimizer & (p.zero_stage >= 2), 0.0, grads)
+    params = np.where(p.offload_params, pb * persistent, params)
+    return params, grads, optimizer, cpu
+
+
+def _memory(model: ModelSpec, workload: Workload, p: PlanTable) -> tuple[_Memory, _Memory]:
+    """Memory of the first and of the last pipeline stage (the same stage when pp = 1)."""
+    d = mem.activation_bytes_per_element(p.precision)
+    tokens = p.micro_batch * workload.seq_len
+    layers = model.num_layers / p.pp
+    s = workload.seq_len
+    per_layer = mem.activation_bytes_per_token_per_layer(model, p.tp, p.sequence_parallel, p.recompute, d, s)
+    recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
+        model, p.tp, p.sequence_parallel, p.recompute, d, s
+    )
+    in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum)
+    pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
+    pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp)
+    stages = []
+    for psi, micro_batches, is_last in ((first_psi, in_flight, p.pp == 1), (last_psi, 1, True)):
+        params, grads, optimizer, cpu = _model_states(model, p, psi)
+        logits = np.where(is_last, tokens * mem.logits_bytes_per_token(model, p.tp, d), 0.0)
+        transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, p.tp, d), 0.0)
+        buffers = pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
+        activations = tokens * per_layer * layers * micro_batches + recompute_peak
+        stages.append(_Memory(params, grads, optimizer, activations, logits, buffers, cpu))
+    return stages[0], stages[1]
+
+
+def _times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable) -> dict[str, np.ndarray]:
+    """Seconds per optimizer step by term, after overlap (the slowest pipeline stage)."""
+    gpu, s = cluster.gpu, workload.seq_len
+    d = mem.activation_bytes_per_element(p.precision)
+    peak = (
+        np.select(
+            [p.precision == 0, p.precision == 1],
+            [gpu.peak_tflops_bf16, gpu.peak_tflops_fp16],
+            gpu.peak_tflops_fp32,
+        )
+        * 1e12
+    )
+    tokens = (p.micro_batch * s).astype(float)
+    layers = model.num_layers / p.pp
+    gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers
+    attention = compute.attention_time_forward_s(model, tokens, s, p.tp, gpu, peak) * layers
+    elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
+    head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
+    kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
+    fwd = np.maximum(gemm + attention + elementwise + head, compute.launch_bound_s(gpu, kernels))
+    bwd_work = 2 * gemm + compute.ATTENTION_BACKWARD_RATIO * attention
+    bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head
+    bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
+    recompute = np.select(
+        [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, elementwise], 0.0
+    )
+
+    # Tensor parallel: 2 all-reduces of the block's activations in forward, 2 in backward, 2 more when
+    # the forward is recomputed (Megatron-LM §3; with sequence parallelism the same volume as
+    # all-gather + reduce-scatter, Korthikanti §4.2.2). Not overlapped.
+    tp_messages = 4 + 2 * (p.recompute == 2)
+    tp_mb = (
+        tp_messages
+        * layers
+        * comm.all_reduce_time_s(tokens * model.hidden_size * d, p.tp, 1, cluster.gpus_per_node, gpu)
+    )
+
+    # Pipeline: activations forward and their gradients backward across each stage boundary, and the
+    # 1F1B bubble of (pp − 1) micro-batch slots (Narayanan et al. 2021, §2.2).
+    crosses = p.dp * p.tp >= cluster.gpus_per_node
+    pp_mb = np.where(p.pp > 1, 2 * comm.p2p_time_s(tokens * model.hidden_size * d, crosses, gpu), 0.0)
+    slot = fwd + bwd + recompute + tp_mb + pp_mb
+    bubble = (p.pp - 1) * slot
+
+    dp_comm, offload, optimizer_step = _data_parallel_and_offload(model, cluster, p, fwd, bwd)
+    ga = p.grad_accum
+    return {
+        "compute": ga * (fwd + bwd) + optimizer_step,
+        "recompute": ga * recompute,
+        "dp_comm": dp_comm,
+        "tp_comm": ga * tp_mb,
+        "pp_comm": ga * pp_mb,
+        "bubble": bubble,
+        "offload": offload,
+    }
+
+
+def _data_parallel_and_offload(
+    model: ModelSpec, cluster: ClusterSpec, p: PlanTable, fwd: np.ndarray, bwd: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exposed data-parallel communication, exposed offload time and the GPU optimizer step.
+
+    ZeRO communication (Rajbhandari et al. 2020, §7): stage 0 all-reduces gradients once per step after
+    backward (DeepSpeed's engine, not overlapped); stages 1-2 reduce-scatter gradients overlapped with
+    backward (stage 1 once per step, stage 2 every micro-batch) and all-gather the updated parameters
+    after the step; stage 3 all-gathers parameters in forward and backward and reduce-scatters gradients
+    every micro-batch, prefetched behind compute.
+    """
+    gpu, gpn = cluster.gpu, cluster.gpus_per_node
+    pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp))
+    grads_b, params_b = psi * gb, psi * pb
+    ar = comm.all_reduce_time_s(grads_b, p.dp, p.tp, gpn, gpu)
+    rs = comm.reduce_scatter_time_s(grads_b, p.dp, p.tp, gpn, gpu)
+    ag = comm.all_gather_time_s(params_b, p.dp, p.tp, gpn, gpu)
+    ga = p.grad_accum
+    dp_comm = np.select(
+        [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
+        [ar, np.maximum(0.0, rs - bwd) + ag, ga * np.maximum(0.0, rs - bwd) + ag],
+        ga * np.maximum(0.0, 2 * ag + rs - (fwd + bwd)),
+    )
+    shard = psi / np.where(p.zero_stage >= 1, p.dp, 1)
+    cpu_step = shard / (gpu.cpu_adam_gparams_per_s * 1e9)
+    grads_down = comm.host_transfer_time_s(shard * gb, gpu)
+    params_up = comm.host_transfer_time_s(shard * pb, gpu)
+    offload = np.where(p.offload_optimizer, cpu_step + params_up + np.maximum(0.0, grads_down - bwd), 0.0)
+    fetch = comm.host_transfer_time_s(2 * psi / p.dp * pb, gpu)
+    offload = offload + np.where(p.offload_params, ga * np.maximum(0.0, fetch - (fwd + bwd)), 0.0)
+    optimizer_step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
+    return dp_comm, offload, optimizer_step
+
+
+def estimate_table(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    workload: Workload,
+    plans: PlanTable,
+    memory_headroom: float = 0.10,
+) -> EstimateTable:
+    """Scores every plan in `plans` (assumed valid; see `service.spec.plan.plan_problem`)."""
+    p = plans
+    overhead = cluster.gpu.framework_overhead_gib * GIB
+    first, last = _memory(model, workload, p)
+    use_last = last.total(overhead) > first.total(overhead)
+    m = {f: np.where(use_last, getattr(last, f), getattr(first, f)) for f in _Memory.__dataclass_fields__}
+    total = np.maximum(first.total(overhead), last.total(overhead))
+    limit = np.full(len(p), cluster.gpu.hbm_gib * GIB * (1.0 - memory_headroom))
+
+    t = _times(model, cluster, workload, p)
+    step = np.sum(list(t.values()), axis=0)
+    tokens_per_s = p.micro_batch * p.grad_accum * p.dp * workload.seq_len / step
+    per_gpu = tokens_per_s / cluster.num_gpus
+    peak = np.select(
+        [p.precision == 0, p.precision == 1],
+        [cluster.gpu.peak_tflops_bf16, cluster.gpu.peak_tflops_fp16],
+        cluster.gpu.peak_tflops_fp32,
+    )
+    model_tflops = per_gpu * model_flops_per_token(model, workload.seq_len) / 1e12
+    hours = workload.tokens_to_train / tokens_per_s / 3600.0
+    return EstimateTable(
+        params_bytes=m["params"],
+        grads_bytes=m["grads"],
+        optimizer_bytes=m["optimizer"],
+        activations_bytes=m["activations"],
+        logits_bytes=m["logits"],
+        buffers_bytes=m["buffers"],
+        overhead_bytes=np.full(len(p), overhead),
+        total_bytes=total,
+        cpu_offload_bytes=m["cpu"],
+        memory_limit_bytes=limit,
+        fits=total <= limit,
+        step_time_s=step,
+        tokens_per_s=tokens_per_s,
+        tokens_per_s_per_gpu=per_gpu,
+        model_tflops_per_gpu=model_tflops,
+        mfu=model_tflops / peak,
+        hours=hours,
+        dollars=hours * cluster.num_gpus * cluster.price_usd_per_gpu_hour,
+        **{f"{k}_s": v for k, v in t.items()},
+    )
+
+
+def estimate(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, workload: Workload, memory_headroom: float = 0.10
+) -> Estimate:
+    """The cost model's answer for one plan (validated first; bad plans raise `SpecError`).
+
+    Example:
+        >>> from service.catalog import load_model
+        >>> e = estimate(load_model("llama2-13b"), ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4),
+        ...              Plan(dp=32, zero_stage=3, micro_batch=1, grad_accum=4, recompute="full"),
+        ...              Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9))
+        >>> e.fits
+        True
+    """
+    from service.spec.plan import check_plan
+
+    check_plan(plan, model, cluster, workload)
+    table = estimate_table(model, cluster, workload, PlanTable.from_plans([plan]), memory_headroom)
+    return Estimate.from_table(table, plan)

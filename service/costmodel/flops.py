@@ -1,0 +1,32 @@
+"""FLOP counts. Training = forward + backward = 3 × forward for matmuls (Kaplan et al. 2020, §2.1)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.costmodel.types import Num
+from service.spec.model import ModelSpec
+
+
+def matmul_params(model: ModelSpec) -> int:
+    """Parameters that take part in matmuls: every block's matrices and the output projection
+    (embedding lookups and norms do no matmul work)."""
+    per_layer = model.attention_params_per_layer + model.mlp_params_per_layer
+    return model.num_layers * per_layer + model.vocab_size * model.hidden_size
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: Num | int) -> Num:
+    """Model FLOPs per trained token, the numerator of MFU: 6·N_matmul + 12·L·h·s.
+
+    The PaLM convention (Chowdhery et al. 2022, Appendix B): 6N for the matmuls of forward and backward,
+    plus 12·L·h·s for the attention scores and their product with V, counted without causal masking
+    and without recompute.
+    """
+    attention = 12 * model.num_layers * model.hidden_size * np.asarray(seq_len, dtype=float)
+    return 6.0 * matmul_params(model) + attention
+
+
+def attention_core_flops_forward(model: ModelSpec, tokens: Num, seq_len: int, tp: Num) -> Num:
+    """Forward FLOPs of Q·Kᵀ and P·V for one layer, per TP rank, with causal masking skipping half:
+    2 matmuls × 2·s·h FLOPs per token / 2 (Dao 2023, FlashAttention-2, §4 benchmark FLOP count)."""
+    return 2.0 * tokens * seq_len * model.hidden_size / tp

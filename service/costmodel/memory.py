@@ -1,0 +1,199 @@
+"""Memory per GPU, one function per term. Every function takes numpy arrays (one element per plan) or
+scalars, so the enumerator scores all plans in one pass with the same formulas `estimate()` uses.
+
+Conventions: Ψ = parameters held by one GPU before ZeRO sharding (its TP shard of its pipeline
+stage); d = bytes per activation element; bytes are bytes (not GiB).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.costmodel.types import Num
+from service.spec.model import ModelSpec
+from service.spec.zero import ZeroKnobs
+
+FP32, BF16_FP16 = 4, 2
+PRECISION_FP32 = 2  # index of "fp32" in PRECISION_CODES
+
+
+def activation_bytes_per_element(precision: Num) -> Num:
+    """2 bytes in bf16/fp16 mixed precision, 4 in fp32."""
+    return np.where(precision == PRECISION_FP32, FP32, BF16_FP16)
+
+
+def state_bytes_per_param(precision: Num, zero_stage: Num) -> tuple[np.ndarray, ...]:
+    """(param, grad, optimizer) bytes per parameter as DeepSpeed keeps them, before sharding.
+
+    Mixed precision (Rajbhandari et al. 2020, ZeRO, §3.1): 2-byte params and grads, and K = 12 bytes
+    of optimizer state (fp32 master copy, Adam momentum and variance). In fp32, DeepSpeed's ZeRO
+    optimizers still clone an fp32 master partition (stage_1_and_2.py `single_partition_of_fp32_groups`,
+    stage3.py `fp32_partitioned_groups_flat`), so K = 12; without ZeRO the torch optimizer updates the
+    fp32 params in place and K = 8 (momentum, variance).
+    """
+    fp32 = precision == PRECISION_FP32
+    param = np.where(fp32, FP32, BF16_FP16)
+    optimizer = np.where(fp32 & (zero_stage == 0), 8, 12)
+    return param, param.copy(), optimizer
+
+
+def zero_sharded_bytes(
+    num_params: Num,
+    dp: Num,
+    zero_stage: Num,
+    param_bytes: Num,
+    grad_bytes: Num,
+    optimizer_bytes: Num,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(params, grads, optimizer) bytes per GPU after ZeRO sharding over `dp` ranks.
+
+    ZeRO (Rajbhandari et al. 2020, §5, Fig. 1): stage 1 shards optimizer states, stage 2 also
+    gradients, stage 3 also parameters: (2+2+K)Ψ → 2Ψ+2Ψ+KΨ/N → 2Ψ+(2+K)Ψ/N → (2+2+K)Ψ/N.
+    """
+    params = param_bytes * num_params / np.where(zero_stage >= 3, dp, 1)
+    grads = grad_bytes * num_params / np.where(zero_stage >= 2, dp, 1)
+    optimizer = optimizer_bytes * num_params / np.where(zero_stage >= 1, dp, 1)
+    return params, grads, optimizer
+
+
+def layer_params_per_gpu(model: ModelSpec, tp: Num) -> Num:
+    """One transformer block's parameters on one TP rank: its matrices split by tp, norms whole
+    (Shoeybi et al. 2019, Megatron-LM, §3: column/row-parallel attention and MLP)."""
+    matrices = model.attention_params_per_layer + model.mlp_params_per_layer
+    return matrices / tp + 2 * model.hidden_size
+
+
+def stage_params_per_gpu(model: ModelSpec, tp: Num, pp: Num) -> tuple[np.ndarray, np.ndarray]:
+    """Parameters per GPU on the first and on the last pipeline stage (before ZeRO).
+
+    Layers split evenly (pp divides num_layers). The first stage also holds the input embedding, the
+    last the final norm and the output projection (a copy of the embedding when tied and pp > 1, as
+    DeepSpeed's TiedLayerSpec keeps one on each end). Vocabulary matrices are split by tp
+    (Megatron's vocab-parallel embedding).
+    """
+    vocab = model.vocab_size * model.hidden_size / tp
+    layers = layer_params_per_gpu(model, tp) * (model.num_layers / pp)
+    head = np.where(model.tie_word_embeddings & (pp == 1), 0.0, vocab) + model.hidden_size
+    first = layers + vocab + np.where(pp == 1, head, 0.0)
+    last = np.where(pp == 1, first, layers + head)
+    return first, last
+
+
+def zero3_persistent_params(model: ModelSpec, tp: Num, pp: Num) -> Num:
+    """Parameters ZeRO-3 keeps whole on every rank: tensors smaller than
+    `stage3_param_persistence_threshold` (DeepSpeed stage3 config), here the norm weights."""
+    threshold = ZeroKnobs.for_model(model).stage3_param_persistence_threshold
+    h = model.hidden_size
+    norms = 2 * h * (model.num_layers / pp) + h * (pp == 1)
+    small = norms if h < threshold else np.zeros_like(norms, dtype=float)
+    return np.asarray(small, dtype=float) * np.ones_like(tp, dtype=float)
+
+
+def korthikanti_bytes_per_token_per_layer(
+    model: ModelSpec, seq_len: int, tp: Num, sequence_parallel: Num, recompute: Num
+) -> Num:
+    """Activation bytes per token per layer of a GPT block in 16-bit with materialised attention scores
+    and dropout (Korthikanti et al. 2022, §4, Table 2), i.e. the paper's formulas divided by s·b:
+      no TP 34h + 5as;  TP 10h + 24h/t + 5as/t;  TP+SP (34h + 5as)/t;
+      selective (attention core recomputed): 10h + 24h/t, or 34h/t with SP;  full: 2h, or 2h/t with SP.
+    """
+    h, a = model.hidden_size, model.num_attention_heads
+    sp = np.asarray(sequence_parallel, dtype=bool)
+    none = np.where(sp, (34 * h + 5 * a * seq_len) / tp, 10 * h + (24 * h + 5 * a * seq_len) / tp)
+    selective = np.where(sp, 34 * h / tp, 10 * h + 24 * h / tp)
+    full = np.where(sp, 2 * h / tp, 2 * h)
+    return np.select([recompute == 0, recompute == 1], [none, selective], full)
+
+
+def activation_bytes_per_token_per_layer(
+    model: ModelSpec,
+    tp: Num,
+    sequence_parallel: Num,
+    recompute: Num,
+    d: Num,
+    seq_len: int = 0,
+) -> Num:
+    """Bytes one transformer block saves for backward per token, on one TP rank.
+
+    GPT-style blocks (`mlp: gelu`) follow Korthikanti et al. 2022 exactly (see above), scaled by d/2.
+    Llama blocks are counted tensor by tensor as Hugging Face implements them with fused (flash / SDPA)
+    attention, which saves no s×s scores: the structure of Korthikanti's §4.1 with Llama's terms in place
+    of GPT's (RMSNorm instead of LayerNorm, SwiGLU instead of GeLU, no dropout, rotary, GQA):
+      - each RMSNorm: its fp32 input (4h) and normalised output in d (d·h), then its result (d·h, the
+        next matmul's input) → 2 × (4 + 2d)h;
+      - attention: q, k, v (d(h+2kv)), rotate_half(q), rotate_half(k) (d(h+kv)), roped q and k
+        (d(h+kv)), the attention output (d·h) and its contiguous copy for the output projection (d·h);
+      - MLP (swiglu): gate, silu(gate), up and their product, 4·d·f.
+    Tensor parallelism splits everything after the first matmul of each block by tp; norm tensors are
+    whole on every rank unless sequence parallelism splits them too (Korthikanti §4.2.2).
+    Recompute 1 (selective): only the block input and the matmul and attention outputs are kept, the
+    element-wise ops are recomputed (torchtitan's op-level selective checkpointing policy; with flash
+    attention there are no scores left for Korthikanti's attention-core recompute to drop).
+    Recompute 2 (full): only the block input, d·h (Chen et al. 2016; Korthikanti §5).
+    """
+    if model.mlp == "gelu":
+        return korthikanti_bytes_per_token_per_layer(model, seq_len, tp, sequence_parallel, recompute) * d / 2
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    norms = 2 * (FP32 + 2 * d) * h
+    attention = d * (h + 2 * kv) + 2 * d * (h + kv) + 2 * d * h
+    mlp = d * f * 4
+    norm_split = np.where(sequence_parallel, tp, 1)
+    none = norms / norm_split + (attention + mlp) / tp
+    # Selective keeps: block input (d·h), q/k/v, attention output, o_proj output (d·h), gate and up,
+    # down_proj output (d·h).
+    mm_outputs = d * (h + 2 * kv) + d * h + 2 * d * f
+    selective = 3 * d * h / norm_split + mm_outputs / tp
+    full = d * h / norm_split
+    return np.select([recompute == 0, recompute == 1], [none, selective], full)
+
+
+def recompute_peak_bytes_per_token(
+    model: ModelSpec,
+    tp: Num,
+    sequence_parallel: Num,
+    recompute: Num,
+    d: Num,
+    seq_len: int = 0,
+) -> Num:
+    """Extra bytes alive while one block is recomputed in backward (full recompute re-creates that
+    block's un-checkpointed activations; Korthikanti §5)."""
+    zeros = np.zeros_like(recompute)
+    block = activation_bytes_per_token_per_layer(model, tp, sequence_parallel, zeros, d, seq_len)
+    return np.where(recompute == 2, block, 0.0)
+
+
+def logits_bytes_per_token(model: ModelSpec, tp: Num, d: Num) -> Num:
+    """Bytes saved for backward by the output layer and loss, per token on the last stage: the final
+    norm (as above), the output projection's input (d·h) and the fp32 log-softmax that cross-entropy
+    keeps (4·V, split by tp with a vocab-parallel loss; Megatron's fused cross-entropy)."""
+    h = model.hidden_size
+    return (FP32 + 2 * d) * h + d * h + FP32 * model.vocab_size / tp
+
+
+def logits_transient_bytes_per_token(model: ModelSpec, tp: Num, d: Num) -> Num:
+    """Bytes alive around the loss but not saved for backward: the logits themselves (d·V) and the
+    fp32 gradient of the log-softmax in backward (4·V)."""
+    return (d + FP32) * model.vocab_size / tp
+
+
+def micro_batches_in_flight(pp: Num, grad_accum: Num) -> Num:
+    """Micro-batches whose activations the first stage holds at once under 1F1B: min(pp, m)
+    (Narayanan et al. 2021, §2.2.1; Korthikanti §4.2.3). Without a pipeline, one at a time."""
+    return np.minimum(pp, grad_accum)
+
+
+def zero_buffer_elements(model: ModelSpec, zero_stage: Num, params_per_gpu: Num) -> Num:
+    """Elements of the communication buffers DeepSpeed allocates (see `service.spec.zero.ZeroKnobs`):
+    stages 1-2 a gradient reduce bucket and a parameter all-gather bucket; stage 3 the reduce bucket, the
+    prefetch bucket and the largest parameter gathered whole for its matmul; each capped by Ψ."""
+    knobs = ZeroKnobs.for_model(model)
+    largest_matrix = model.hidden_size * model.ffn_hidden_size
+    s12 = np.minimum(knobs.reduce_bucket_elements, params_per_gpu) + np.minimum(
+        knobs.allgather_bucket_elements, params_per_gpu
+    )
+    s3 = (
+        np.minimum(knobs.reduce_bucket_elements, params_per_gpu)
+        + knobs.stage3_prefetch_bucket_elements
+        + largest_matrix
+    )
+    return np.select([zero_stage == 0, zero_stage <= 2], [0.0, s12], s3)

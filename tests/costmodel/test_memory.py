@@ -1,0 +1,154 @@
+"""Memory terms against published numbers and DeepSpeed's own estimators."""
+
+import numpy as np
+import pytest
+
+from service.catalog import load_model
+from service.costmodel import memory as mem
+from service.spec import ModelSpec
+
+BF16, FP32 = 0, 2
+
+
+@pytest.mark.parametrize("stage,expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_7_5b_example_at_dp64(stage, expected_gb):
+    """ZeRO (Rajbhandari et al. 2020), Fig. 1: Ψ = 7.5B, N_d = 64, K = 12, mixed precision."""
+    psi, dp = 7.5e9, 64
+    pb, gb, ob = mem.state_bytes_per_param(np.array(BF16), np.array(stage))
+    params, grads, opt = mem.zero_sharded_bytes(np.array(psi), np.array(dp), np.array(stage), pb, gb, ob)
+    assert (params + grads + opt) / 1e9 == pytest.approx(expected_gb, abs=0.05)
+
+
+# Megatron-LM docs/distrib_optimizer.md, "bytes per parameter": (param, grad, optimizer-side bytes) of
+# each dtype mix, and the published totals without / with the distributed optimizer (= ZeRO-1).
+MEGATRON_TABLE = [
+    # fp16 params and grads; fp32 main grads, master params, Adam m and v on the optimizer side.
+    ("fp16 param, fp16 grads", 2, 2, 16, 20, lambda d: 4 + 16 / d),
+    ("bf16 param, fp32 grads", 2, 4, 12, 18, lambda d: 6 + 12 / d),
+    ("fp32 param, fp32 grads", 4, 4, 8, 16, lambda d: 8 + 8 / d),
+]
+
+
+@pytest.mark.parametrize("name,pb,gb,ob,plain,distributed", MEGATRON_TABLE, ids=[r[0] for r in MEGATRON_TABLE])
+@pytest.mark.parametrize("dp", [1, 8, 64])
+def test_megatron_bytes_per_parameter_table(name, pb, gb, ob, plain, distributed, dp):
+    one = np.array(1.0)
+    args = (np.array(dp), np.array(pb), np.array(gb), np.array(ob))
+    p0, g0, o0 = mem.zero_sharded_bytes(one, args[0], np.array(0), *args[1:])
+    p1, g1, o1 = mem.zero_sharded_bytes(one, args[0], np.array(1), *args[1:])
+    assert p0 + g0 + o0 == pytest.approx(plain)
+    assert p1 + g1 + o1 == pytest.approx(distributed(dp))
+
+
+def test_deepspeed_keeps_an_fp32_master_copy_under_zero_even_in_fp32():
+    pb, gb, ob = mem.state_bytes_per_param(np.array([FP32, FP32, BF16]), np.array([0, 1, 0]))
+    assert list(pb) == [4, 4, 2] and list(gb) == [4, 4, 2] and list(ob) == [8, 12, 12]
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_agrees_with_deepspeed_zero2_estimator(offload):
+    """DeepSpeed's estimator counts 2Ψ + 18Ψ/N on the GPU: our 2Ψ + 14Ψ/N plus the fp32 gradient
+    partition (4Ψ/N) it allocates for the optimizer step, which we leave out of the steady-state sum
+    because activations are freed by then. With optimizer offload both give 2Ψ."""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    model = load_model("llama2-13b")
+    psi, nodes, per_node = model.num_params, 4, 8
+    _, ds_gpu = estimate_zero2_model_states_mem_needs(psi, per_node, nodes, cpu_offload=offload)
+    n = nodes * per_node
+    pb, gb, ob = mem.state_bytes_per_param(np.array(BF16), np.array(2))
+    params, grads, opt = mem.zero_sharded_bytes(np.array(psi), np.array(n), np.array(2), pb, gb, ob)
+    ours = params + (0 if offload else grads + opt + 4 * psi / n)
+    assert ours == pytest.approx(ds_gpu, rel=1e-6)
+
+
+def test_agrees_with_deepspeed_zero3_estimator():
+    """DeepSpeed: 4·largest_layer + 18Ψ/N. Ours: (2+2+12)Ψ/N, plus the fp32 gradient partition (4Ψ/N)
+    at step time; DeepSpeed's 18 leaves out the 2-byte parameter partition (2Ψ/N), and its 4·largest
+    layer is the gathered-parameter buffer we count under `buffers`."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    model = load_model("llama2-13b")
+    psi, n = model.num_params, 32
+    largest = model.hidden_size * model.ffn_hidden_size
+    _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(psi, largest, 8, 4, cpu_offload=False)
+    pb, gb, ob = mem.state_bytes_per_param(np.array(BF16), np.array(3))
+    params, grads, opt = mem.zero_sharded_bytes(np.array(psi), np.array(n), np.array(3), pb, gb, ob)
+    ours = params + grads + opt + 4 * psi / n - 2 * psi / n + 4 * largest
+    assert ours == pytest.approx(ds_gpu, rel=1e-6)
+
+
+GPT3 = load_model("gpt3-175b")
+
+
+@pytest.mark.parametrize(
+    "tp,sp,recompute,formula",
+    [
+        # Korthikanti et al. 2022, Table 2, per layer: s·b·h × (...), s = 2048, a = 96, h = 12288.
+        (1, False, 0, lambda s, h, a, t: 34 + 5 * a * s / h),
+        (8, False, 0, lambda s, h, a, t: 10 + 24 / t + 5 * a * s / (h * t)),
+        (8, True, 0, lambda s, h, a, t: (34 + 5 * a * s / h) / t),
+        (8, False, 1, lambda s, h, a, t: 10 + 24 / t),
+        (8, True, 1, lambda s, h, a, t: 34 / t),
+        (8, False, 2, lambda s, h, a, t: 2),
+    ],
+)
+def test_korthikanti_per_layer_activations(tp, sp, recompute, formula):
+    s, h, a = 2048, GPT3.hidden_size, GPT3.num_attention_heads
+    got = mem.activation_bytes_per_token_per_layer(
+        GPT3, np.array(tp), np.array(sp), np.array(recompute), np.array(2), seq_len=s
+    )
+    assert got == pytest.approx(h * formula(s, h, a, tp))
+
+
+def test_korthikanti_175b_tp8_activation_total():
+    """§4.2: GPT-3 175B, TP 8, s = 2048, b = 1: without recompute the 96 layers save
+    sbhL(10 + 24/t + 5as/ht) bytes ≈ 52 GiB per GPU, which is why the paper needs SP + selective."""
+    got = 2048 * 96 * mem.activation_bytes_per_token_per_layer(
+        GPT3, np.array(8), np.array(False), np.array(0), np.array(2), seq_len=2048
+    )
+    assert got / 2**30 == pytest.approx(2048 * 12288 * 96 * (10 + 3 + 5 * 96 * 2048 / (12288 * 8)) / 2**30)
+    assert 50 < got / 2**30 < 55
+
+
+TINY = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, ffn_hidden_size=160,
+                 vocab_size=100)
+
+
+def test_llama_activation_terms_by_hand():
+    """bf16, no TP, no recompute: norms 2·(4+4)h, attention d(h+2kv) + 2d(h+kv) + 2dh, MLP 4·d·f."""
+    h, f, kv, d = 64, 160, 32, 2
+    expected = 2 * 8 * h + d * (h + 2 * kv) + 2 * d * (h + kv) + 2 * d * h + 4 * d * f
+    got = mem.activation_bytes_per_token_per_layer(TINY, np.array(1), np.array(False), np.array(0), np.array(d))
+    assert got == expected
+    full = mem.activation_bytes_per_token_per_layer(TINY, np.array(1), np.array(False), np.array(2), np.array(d))
+    assert full == d * h
+
+
+def test_recompute_orders_activation_memory_and_tp_shrinks_it():
+    model = load_model("llama2-13b")
+    by_policy = [
+        mem.activation_bytes_per_token_per_layer(model, np.array(1), np.array(False), np.array(r), np.array(2))
+        for r in (0, 1, 2)
+    ]
+    assert by_policy[0] > by_policy[1] > by_policy[2]
+    tp8 = mem.activation_bytes_per_token_per_layer(model, np.array(8), np.array(False), np.array(0), np.array(2))
+    tp8_sp = mem.activation_bytes_per_token_per_layer(model, np.array(8), np.array(True), np.array(0), np.array(2))
+    assert by_policy[0] / 8 <= tp8_sp < tp8 < by_policy[0]
+    assert tp8_sp == pytest.approx(by_policy[0] / 8)
+
+
+def test_stage_params_sum_to_the_model():
+    model = load_model("llama2-7b")
+    first, last = mem.stage_params_per_gpu(model, np.array([1, 1, 2]), np.array([1, 4, 1]))
+    assert first[0] == model.num_params
+    # Four stages: two ends hold the embedding / head; middle stages hold only layers.
+    middle = model.num_layers / 4 * model.params_per_layer
+    assert first[1] + last[1] + 2 * middle == pytest.approx(model.num_params)
+    # TP 2 halves every matrix but keeps the norms whole.
+    norms = 2 * model.hidden_size * model.num_layers + model.hidden_size
+    assert first[2] == pytest.approx((model.num_params - norms) / 2 + norms)
+
+
+def test_pipeline_in_flight_micro_batches():
+    assert list(mem.micro_batches_in_flight(np.array([1, 4, 4]), np.array([8, 8, 2]))) == [1, 4, 2]

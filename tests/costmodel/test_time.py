@@ -1,0 +1,107 @@
+"""Time terms: FLOP counts, roofline matmuls, collectives and the assembled step."""
+
+import numpy as np
+import pytest
+
+from service.catalog import load_gpu, load_model
+from service.costmodel import comm, compute, estimate
+from service.costmodel.flops import matmul_params, model_flops_per_token
+from service.spec import ClusterSpec, Plan, Workload
+
+H100 = load_gpu("h100-sxm-80gb")
+LLAMA13 = load_model("llama2-13b")
+
+
+def test_model_flops_per_token_palm_convention():
+    """6·N_matmul + 12·L·h·s; for Llama-2-7B at 4k: 6·6.61e9 + 12·32·4096·4096 ≈ 4.61e10."""
+    model = load_model("llama2-7b")
+    n = matmul_params(model)
+    assert n == pytest.approx(model.num_params - model.vocab_size * model.hidden_size - 65 * 4096)
+    assert float(model_flops_per_token(model, 4096)) == pytest.approx(6 * n + 12 * 32 * 4096 * 4096)
+    assert float(model_flops_per_token(model, 4096)) == pytest.approx(4.61e10, rel=0.01)
+
+
+def test_big_gemm_is_compute_bound_at_catalog_efficiency():
+    peak = H100.peak_tflops_bf16 * 1e12
+    t = compute.gemm_time_s(np.array(8192.0), np.array(8192.0), np.array(8192.0), H100, np.array(peak), np.array(2))
+    achieved = 2 * 8192**3 / t / peak
+    assert achieved == pytest.approx(H100.gemm_efficiency_max * (8192 / 8256) ** 3)
+
+
+def test_skinny_gemm_is_memory_bound():
+    peak = H100.peak_tflops_bf16 * 1e12
+    m, n, k = 8.0, 8192.0, 8192.0
+    t = compute.gemm_time_s(np.array(m), np.array(n), np.array(k), H100, np.array(peak), np.array(2))
+    assert t == pytest.approx(2 * (m * k + k * n + m * n) / (H100.hbm_bandwidth_gb_per_s * 1e9))
+
+
+def test_all_reduce_inside_a_node_uses_nvlink():
+    one_gb = np.array(1e9)
+    t = comm.all_reduce_time_s(one_gb, np.array(8), np.array(1), 8, H100)
+    bw = H100.intra_node_bandwidth_gb_per_s * 1e9 * comm.NCCL_BUS_EFFICIENCY
+    assert t == pytest.approx(2 * 7 / 8 * 1e9 / bw + 2 * 3 * H100.intra_node_latency_us * 1e-6)
+
+
+def test_collectives_across_nodes_share_one_nic_per_member():
+    # 32 ranks, 8 per node: 8 NICs × 50 GB/s = 400 GB/s, below NVLink's 450.
+    bw = comm.group_bus_bandwidth_bytes_per_s(np.array(32), np.array(1), 8, H100)
+    assert bw == pytest.approx(8 * 50e9 * comm.NCCL_BUS_EFFICIENCY)
+    # dp 4 with tp 8: one member per node, so one NIC.
+    bw = comm.group_bus_bandwidth_bytes_per_s(np.array(4), np.array(8), 8, H100)
+    assert bw == pytest.approx(50e9 * comm.NCCL_BUS_EFFICIENCY)
+    assert comm.all_reduce_time_s(np.array(1e9), np.array(1), np.array(1), 8, H100) == 0.0
+
+
+CLUSTER = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, gpus_per_node=8)
+WORK = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
+
+
+def _est(**kw):
+    return estimate(LLAMA13, CLUSTER, Plan(**kw), WORK)
+
+
+def test_step_time_is_the_sum_of_its_terms_and_tokens_follow():
+    e = _est(dp=32, zero_stage=3, micro_batch=1, grad_accum=4, recompute="full")
+    assert sum(e.time_breakdown_s.model_dump().values()) == pytest.approx(e.step_time_s)
+    assert e.tokens_per_s == pytest.approx(128 * 4096 / e.step_time_s)
+    assert e.tokens_per_s_per_gpu == pytest.approx(e.tokens_per_s / 32)
+    assert e.hours == pytest.approx(2e9 / e.tokens_per_s / 3600)
+    assert e.dollars == pytest.approx(e.hours * 32 * 3.0)
+
+
+def test_full_recompute_adds_about_a_third_of_the_layer_compute():
+    base = _est(dp=32, zero_stage=3, micro_batch=1, grad_accum=4, recompute="none")
+    full = _est(dp=32, zero_stage=3, micro_batch=1, grad_accum=4, recompute="full")
+    ratio = full.time_breakdown_s.recompute / base.time_breakdown_s.compute
+    assert 0.25 < ratio < 0.34
+    assert full.mfu < base.mfu
+
+
+def test_pipeline_bubble_is_pp_minus_one_slots():
+    e = _est(dp=8, pp=4, zero_stage=1, micro_batch=1, grad_accum=16, recompute="full")
+    t = e.time_breakdown_s
+    per_slot = (t.compute + t.recompute + t.tp_comm + t.pp_comm) / 16
+    assert t.bubble == pytest.approx(3 * per_slot, rel=0.02)  # the optimizer step is not in a slot
+
+
+def test_tensor_parallel_pays_activation_all_reduces():
+    tp1 = _est(dp=32, zero_stage=1, micro_batch=1, grad_accum=4, recompute="full")
+    tp8 = _est(dp=4, tp=8, zero_stage=1, micro_batch=1, grad_accum=32, recompute="full")
+    assert tp1.time_breakdown_s.tp_comm == 0.0
+    # 6 all-reduces (4 + 2 recomputed) of s·h·2 bytes per layer per micro-batch over NVLink.
+    one = comm.all_reduce_time_s(np.array(4096 * 5120 * 2.0), np.array(8), np.array(1), 8, H100)
+    assert tp8.time_breakdown_s.tp_comm == pytest.approx(32 * 6 * 40 * float(one))
+
+
+def test_mfu_of_a_sensible_13b_plan_is_in_the_published_range():
+    """Published DeepSpeed/FSDP runs of 7-13B models on H100 report roughly 35-55 % MFU."""
+    e = _est(dp=32, zero_stage=3, micro_batch=1, grad_accum=4, recompute="selective")
+    assert 0.35 < e.mfu < 0.6
+
+
+def test_offload_costs_time_and_frees_gpu_memory():
+    on = _est(dp=32, zero_stage=3, offload_optimizer=True, micro_batch=1, grad_accum=4, recompute="full")
+    off = _est(dp=32, zero_stage=3, micro_batch=1, grad_accum=4, recompute="full")
+    assert on.time_breakdown_s.offload > 0 and off.time_breakdown_s.offload == 0
+    assert on.memory_per_gpu_bytes.optimizer == 0 and on.memory_per_gpu_bytes.cpu_offload > 0
+    assert on.step_time_s > off.step_time_s
