@@ -28,7 +28,10 @@ def load_model(name_or_path: str) -> ModelSpec:
     path = _HERE / "models" / f"{name_or_path}.yaml"
     if not path.is_file():
         if not name_or_path.endswith((".yaml", ".yml")):
-            raise SpecError("model", f"unknown model {name_or_path!r}; allowed: {', '.join(model_names())} or a .yaml path")
+            raise SpecError(
+                "model",
+                f"unknown model {name_or_path!r}; allowed: {', '.join(model_names())} or a .yaml path",
+            )
         path = Path(name_or_path)
     data = read_yaml(path)
     if isinstance(data, dict):

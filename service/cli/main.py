@@ -16,7 +16,10 @@ from service.spec.errors import SpecError
 COMMANDS = {
     "plan": ("plan", "Rank every valid parallel plan for an experiment and select one under its budget."),
     "estimate": ("estimate", "Memory, step time, tokens/s and MFU of one plan."),
-    "proxy-run": ("proxy_run", "Run one plan for real at proxy scale on Ray (DeepSpeed workers) and measure it."),
+    "proxy-run": (
+        "proxy_run",
+        "Run one plan for real at proxy scale on Ray (DeepSpeed workers) and measure it.",
+    ),
     "search": ("search", "Search plans on proxies with Ray Tune, pruned by the model, recorded to MLflow."),
 }
 

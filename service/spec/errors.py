@@ -41,7 +41,9 @@ def from_validation_error(
     err: ValidationError, source: str | None = None, model_cls: type[BaseModel] | None = None
 ) -> SpecError:
     """Turns pydantic's multi-line report into a `SpecError` about its first problem."""
-    first = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    # An unknown key first: a misspelt key also shows up as a missing field, and the key is the cause.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(p for p in first["loc"] if p not in ("function-after", "function-before"))
     field = ".".join(str(p) for p in loc) or "(top level)"
     msg = str(first["msg"]).removeprefix("Value error, ")

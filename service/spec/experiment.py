@@ -30,7 +30,9 @@ class ExperimentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="Experiment name (MLflow experiment, report titles).")
-    model: ModelSpec = Field(description="Catalog name, path to a YAML with ModelSpec fields, or inline fields.")
+    model: ModelSpec = Field(
+        description="Catalog name, path to a YAML with ModelSpec fields, or inline fields."
+    )
     cluster: ClusterSpec = Field(description="The production cluster.")
     workload: Workload = Field(description="Sequence length, global batch, tokens to train.")
     budget: Budget = Field(default_factory=Budget, description="Dollar and hour limits, objective.")  # type: ignore[arg-type]

@@ -29,11 +29,16 @@ class GPUSpec(BaseModel):
     inter_node_bandwidth_gb_per_s: float = Field(
         gt=0, description="Network bandwidth between nodes, per GPU per direction (GB/s)."
     )
-    intra_node_latency_us: float = Field(5.0, ge=0, description="Latency of one intra-node collective step (µs).")
-    inter_node_latency_us: float = Field(15.0, ge=0, description="Latency of one inter-node collective step (µs).")
+    intra_node_latency_us: float = Field(
+        5.0, ge=0, description="Latency of one intra-node collective step (µs)."
+    )
+    inter_node_latency_us: float = Field(
+        15.0, ge=0, description="Latency of one inter-node collective step (µs)."
+    )
     host_to_device_gb_per_s: float = Field(gt=0, description="PCIe bandwidth, per GPU per direction (GB/s).")
     cpu_adam_gparams_per_s: float = Field(
-        gt=0, description="CPU Adam step throughput available per GPU when the optimizer is offloaded (Gparam/s)."
+        gt=0,
+        description="CPU Adam step throughput available per GPU when the optimizer is offloaded (Gparam/s).",
     )
     gemm_efficiency_max: float = Field(gt=0, le=1, description="Fraction of peak a large GEMM reaches.")
     attention_efficiency: float = Field(gt=0, le=1, description="Fraction of peak fused attention reaches.")
@@ -96,5 +101,7 @@ class ClusterSpec(BaseModel):
         if num_gpus < gpus_per_node:
             return cls(gpu=gpu, num_nodes=1, gpus_per_node=num_gpus)  # type: ignore[arg-type]
         if num_gpus % gpus_per_node:
-            raise ValueError(f"gpus {num_gpus} is not a whole number of nodes of gpus_per_node {gpus_per_node}")
+            raise ValueError(
+                f"gpus {num_gpus} is not a whole number of nodes of gpus_per_node {gpus_per_node}"
+            )
         return cls(gpu=gpu, num_nodes=num_gpus // gpus_per_node, gpus_per_node=gpus_per_node)  # type: ignore[arg-type]

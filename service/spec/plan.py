@@ -31,9 +31,13 @@ class Plan(BaseModel):
     dp: int = Field(1, gt=0, description="Data-parallel degree (replicas).")
     tp: int = Field(1, gt=0, description="Tensor-parallel degree (Megatron / DeepSpeed AutoTP).")
     pp: int = Field(1, gt=0, description="Pipeline-parallel stages.")
-    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params."
+    )
     offload_optimizer: bool = Field(False, description="Optimizer states and step on CPU (ZeRO-Offload).")
-    offload_params: bool = Field(False, description="Parameters on CPU between uses (ZeRO-Infinity, stage 3).")
+    offload_params: bool = Field(
+        False, description="Parameters on CPU between uses (ZeRO-Infinity, stage 3)."
+    )
     micro_batch: int = Field(1, gt=0, description="Sequences per micro-batch per data-parallel rank.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step (pipeline micro-batches).")
     recompute: Recompute = Field("none", description="Activation checkpointing: none, selective, full.")

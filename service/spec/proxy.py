@@ -25,10 +25,13 @@ class ProxySpec(BaseModel):
     warmup_steps: int = Field(2, ge=0, description="Steps left out of the timing.")
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every K steps (0 = never).")
     data: Literal["synthetic"] | str = Field(
-        "synthetic", description="`synthetic` (seeded random tokens) or a path to a binary file of uint16/uint32 token ids."
+        "synthetic",
+        description="`synthetic` (seeded random tokens) or a path to a binary file of uint16/uint32 token ids.",
     )
     seed: int = Field(1234, description="Seed for weights, data and dropout.")
     memory_limit_gib: float | None = Field(
         None, gt=0, description="Cap on each worker's memory; a plan that exceeds it is reported as oom."
     )
-    collective_timeout_s: float = Field(120.0, gt=0, description="A collective that takes longer ends the trial.")
+    collective_timeout_s: float = Field(
+        120.0, gt=0, description="A collective that takes longer ends the trial."
+    )
