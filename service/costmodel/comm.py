@@ -20,9 +20,7 @@ from service.spec.hardware import GPUSpec
 NCCL_BUS_EFFICIENCY = 0.8
 
 
-def group_bus_bandwidth_bytes_per_s(
-    group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec
-) -> Num:
+def group_bus_bandwidth_bytes_per_s(group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec) -> Num:
     """Bus bandwidth per GPU of a group of `group_size` ranks spaced `stride` apart.
 
     Inside one node it is NVLink. Across nodes, NCCL runs one ring per NIC, so the k members a node
@@ -36,29 +34,33 @@ def group_bus_bandwidth_bytes_per_s(
     return np.where(span <= gpus_per_node, intra, inter) * 1e9 * NCCL_BUS_EFFICIENCY
 
 
-def _latency_s(group_size: Num, spans_nodes: Num, gpu: GPUSpec) -> Num:
-    """Per-collective latency: ~log2(n) tree steps (NCCL picks trees for small messages)."""
-    step_us = np.where(spans_nodes, gpu.inter_node_latency_us, gpu.intra_node_latency_us)
-    return np.log2(np.maximum(group_size, 2)) * step_us * 1e-6
+def _step_latency_s(group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec) -> Num:
+    """Latency of one algorithm step: inter-node when the group leaves the node."""
+    spans_nodes = group_size * stride > gpus_per_node
+    return np.where(spans_nodes, gpu.inter_node_latency_us, gpu.intra_node_latency_us) * 1e-6
 
 
 def all_reduce_time_s(
-    message_bytes: Num, group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec
+    message_bytes: Num, group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec, collectives: Num = 1.0
 ) -> Num:
+    """`collectives` all-reduces moving `message_bytes` in all: bandwidth term 2(n−1)/n·bytes/busbw, plus
+    2·log2(n) latency steps each (NCCL's double binary tree; Sanders et al. 2009)."""
     n = np.asarray(group_size, dtype=float)
     bw = group_bus_bandwidth_bytes_per_s(group_size, stride, gpus_per_node, gpu)
-    t = 2 * (n - 1) / n * message_bytes / bw + 2 * _latency_s(n, group_size * stride > gpus_per_node, gpu)
-    return np.where(n > 1, t, 0.0)
+    latency = collectives * 2 * np.log2(np.maximum(n, 2)) * _step_latency_s(n, stride, gpus_per_node, gpu)
+    return np.where(n > 1, 2 * (n - 1) / n * message_bytes / bw + latency, 0.0)
 
 
 def reduce_scatter_time_s(
-    message_bytes: Num, group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec
+    message_bytes: Num, group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec, collectives: Num = 1.0
 ) -> Num:
-    """Also the time of an all-gather of the same full message (the same traffic reversed)."""
+    """`collectives` reduce-scatters (or all-gathers: the same traffic reversed) of `message_bytes` in
+    all: (n−1)/n·bytes/busbw, plus n−1 latency steps each, since NCCL runs these only as rings. The
+    latency term is what makes ZeRO-3 collapse at hundreds of ranks (Narayanan et al. 2021, Table 2)."""
     n = np.asarray(group_size, dtype=float)
     bw = group_bus_bandwidth_bytes_per_s(group_size, stride, gpus_per_node, gpu)
-    t = (n - 1) / n * message_bytes / bw + _latency_s(n, group_size * stride > gpus_per_node, gpu)
-    return np.where(n > 1, t, 0.0)
+    latency = collectives * (n - 1) * _step_latency_s(n, stride, gpus_per_node, gpu)
+    return np.where(n > 1, (n - 1) / n * message_bytes / bw + latency, 0.0)
 
 
 all_gather_time_s = reduce_scatter_time_s

@@ -57,11 +57,29 @@ def layer_gemm_time_forward_s(
 
 
 def attention_time_forward_s(
-    model: ModelSpec, tokens: Num, seq_len: int, tp: Num, gpu: GPUSpec, peak_flops: Num
+    model: ModelSpec,
+    tokens: Num,
+    seq_len: int,
+    tp: Num,
+    gpu: GPUSpec,
+    peak_flops: Num,
+    d: Num,
+    flash: bool = True,
 ) -> Num:
-    """Forward of fused causal attention for one block on one TP rank."""
-    efficiency = gpu.attention_efficiency * seq_len / (seq_len + ATTENTION_HALF_SEQ)
-    return attention_core_flops_forward(model, tokens, seq_len, tp) / (peak_flops * efficiency)
+    """Forward of causal attention for one block on one TP rank.
+
+    Flash: the causal FLOPs at the kernel's efficiency. Materialised (Megatron-LM 2021-22): the full
+    s×s score and context matmuls as batched GEMMs, plus the fused scale-mask-softmax and dropout passes
+    over the scores (read and write 2 bytes, and a 1-byte mask: ~10·a·s bytes per token in 16-bit).
+    """
+    if flash:
+        efficiency = gpu.attention_efficiency * seq_len / (seq_len + ATTENTION_HALF_SEQ)
+        return attention_core_flops_forward(model, tokens, seq_len, tp) / (peak_flops * efficiency)
+    heads = model.num_attention_heads / tp
+    batches = tokens / seq_len * heads
+    bmm = 2 * batches * gemm_time_s(np.asarray(float(seq_len)), seq_len, model.head_dim, gpu, peak_flops, d)
+    scores = tokens * 10 * heads * seq_len * d / 2 / (gpu.hbm_bandwidth_gb_per_s * 1e9)
+    return bmm + scores
 
 
 def elementwise_bytes_per_token_forward(model: ModelSpec, tp: Num, d: Num) -> Num:

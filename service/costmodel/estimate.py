@@ -16,6 +16,7 @@ from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.workload import Workload
+from service.spec.zero import ZeroKnobs
 
 GIB = 2**30
 
@@ -67,7 +68,10 @@ def _memory(model: ModelSpec, workload: Workload, p: PlanTable) -> tuple[_Memory
     tokens = p.micro_batch * workload.seq_len
     layers = model.num_layers / p.pp
     s = workload.seq_len
-    per_layer = mem.activation_bytes_per_token_per_layer(model, p.tp, p.sequence_parallel, p.recompute, d, s)
+    flash = workload.flash_attention
+    per_layer = mem.activation_bytes_per_token_per_layer(
+        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash
+    )
     recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
         model, p.tp, p.sequence_parallel, p.recompute, d, s
     )
@@ -101,12 +105,13 @@ def _times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTa
     tokens = (p.micro_batch * s).astype(float)
     layers = model.num_layers / p.pp
     gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers
-    attention = compute.attention_time_forward_s(model, tokens, s, p.tp, gpu, peak) * layers
+    flash = workload.flash_attention
+    attention = compute.attention_time_forward_s(model, tokens, s, p.tp, gpu, peak, d, flash) * layers
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
     fwd = np.maximum(gemm + attention + elementwise + head, compute.launch_bound_s(gpu, kernels))
-    bwd_work = 2 * gemm + compute.ATTENTION_BACKWARD_RATIO * attention
+    bwd_work = 2 * gemm + (compute.ATTENTION_BACKWARD_RATIO if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
     recompute = np.select(
@@ -158,9 +163,16 @@ def _data_parallel_and_offload(
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp))
     grads_b, params_b = psi * gb, psi * pb
-    ar = comm.all_reduce_time_s(grads_b, p.dp, p.tp, gpn, gpu)
-    rs = comm.reduce_scatter_time_s(grads_b, p.dp, p.tp, gpn, gpu)
-    ag = comm.all_gather_time_s(params_b, p.dp, p.tp, gpn, gpu)
+    # Stages 0-2 move gradients and parameters in buckets (one collective per bucket); stage 3 gathers
+    # each block's weight matrices module by module (DeepSpeed's per-submodule fetch).
+    bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
+    buckets = np.ceil(psi / bucket)
+    modules = (model.num_layers / p.pp) * (7 if model.mlp == "swiglu" else 4)
+    ar = comm.all_reduce_time_s(grads_b, p.dp, p.tp, gpn, gpu, buckets)
+    rs = comm.reduce_scatter_time_s(
+        grads_b, p.dp, p.tp, gpn, gpu, np.where(p.zero_stage == 3, modules, buckets)
+    )
+    ag = comm.all_gather_time_s(params_b, p.dp, p.tp, gpn, gpu, np.where(p.zero_stage == 3, modules, buckets))
     ga = p.grad_accum
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],

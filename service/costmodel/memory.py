@@ -90,16 +90,19 @@ def zero3_persistent_params(model: ModelSpec, tp: Num, pp: Num) -> Num:
 
 
 def korthikanti_bytes_per_token_per_layer(
-    model: ModelSpec, seq_len: int, tp: Num, sequence_parallel: Num, recompute: Num
+    model: ModelSpec, seq_len: int, tp: Num, sequence_parallel: Num, recompute: Num, flash: bool = False
 ) -> Num:
     """Activation bytes per token per layer of a GPT block in 16-bit with materialised attention scores
     and dropout (Korthikanti et al. 2022, §4, Table 2), i.e. the paper's formulas divided by s·b:
       no TP 34h + 5as;  TP 10h + 24h/t + 5as/t;  TP+SP (34h + 5as)/t;
       selective (attention core recomputed): 10h + 24h/t, or 34h/t with SP;  full: 2h, or 2h/t with SP.
+    Flash attention keeps q, k, v and the output but no scores: the 5as terms vanish, so "none" costs
+    what the paper's selective recompute does.
     """
     h, a = model.hidden_size, model.num_attention_heads
     sp = np.asarray(sequence_parallel, dtype=bool)
-    none = np.where(sp, (34 * h + 5 * a * seq_len) / tp, 10 * h + (24 * h + 5 * a * seq_len) / tp)
+    scores = 0 if flash else 5 * a * seq_len
+    none = np.where(sp, (34 * h + scores) / tp, 10 * h + (24 * h + scores) / tp)
     selective = np.where(sp, 34 * h / tp, 10 * h + 24 * h / tp)
     full = np.where(sp, 2 * h / tp, 2 * h)
     return np.select([recompute == 0, recompute == 1], [none, selective], full)
@@ -112,10 +115,11 @@ def activation_bytes_per_token_per_layer(
     recompute: Num,
     d: Num,
     seq_len: int = 0,
+    flash: bool = True,
 ) -> Num:
     """Bytes one transformer block saves for backward per token, on one TP rank.
 
-    GPT-style blocks (`mlp: gelu`) follow Korthikanti et al. 2022 exactly (see above), scaled by d/2.
+    GPT-style blocks (`mlp: gelu`) follow Korthikanti et al. 2022 (see above), scaled by d/2.
     Llama blocks are counted tensor by tensor as Hugging Face implements them with fused (flash / SDPA)
     attention, which saves no s×s scores: the structure of Korthikanti's §4.1 with Llama's terms in place
     of GPT's (RMSNorm instead of LayerNorm, SwiGLU instead of GeLU, no dropout, rotary, GQA):
@@ -132,7 +136,11 @@ def activation_bytes_per_token_per_layer(
     Recompute 2 (full): only the block input, d·h (Chen et al. 2016; Korthikanti §5).
     """
     if model.mlp == "gelu":
-        return korthikanti_bytes_per_token_per_layer(model, seq_len, tp, sequence_parallel, recompute) * d / 2
+        return (
+            korthikanti_bytes_per_token_per_layer(model, seq_len, tp, sequence_parallel, recompute, flash)
+            * d
+            / 2
+        )
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
     norms = 2 * (FP32 + 2 * d) * h
     attention = d * (h + 2 * kv) + 2 * d * (h + kv) + 2 * d * h
@@ -154,11 +162,12 @@ def recompute_peak_bytes_per_token(
     recompute: Num,
     d: Num,
     seq_len: int = 0,
+    flash: bool = True,
 ) -> Num:
     """Extra bytes alive while one block is recomputed in backward (full recompute re-creates that
     block's un-checkpointed activations; Korthikanti §5)."""
     zeros = np.zeros_like(recompute)
-    block = activation_bytes_per_token_per_layer(model, tp, sequence_parallel, zeros, d, seq_len)
+    block = activation_bytes_per_token_per_layer(model, tp, sequence_parallel, zeros, d, seq_len, flash)
     return np.where(recompute == 2, block, 0.0)
 
 

@@ -20,6 +20,11 @@ class Workload(BaseModel):
     global_batch_sequences: int | None = Field(None, gt=0, description="Sequences per optimizer step.")
     global_batch_tokens: int | None = Field(None, gt=0, description="Tokens per optimizer step.")
     tokens_to_train: float = Field(gt=0, description="Tokens the whole run processes (all epochs).")
+    flash_attention: bool = Field(
+        True,
+        description="Fused attention that keeps no s×s scores (FlashAttention / SDPA); false = materialised "
+        "scores and dropout masks, as in Megatron-LM 2021-22 (Korthikanti et al.'s formulas).",
+    )
 
     @model_validator(mode="after")
     def _derive_batch(self) -> Workload:

@@ -29,7 +29,9 @@ MEGATRON_TABLE = [
 ]
 
 
-@pytest.mark.parametrize("name,pb,gb,ob,plain,distributed", MEGATRON_TABLE, ids=[r[0] for r in MEGATRON_TABLE])
+@pytest.mark.parametrize(
+    "name,pb,gb,ob,plain,distributed", MEGATRON_TABLE, ids=[r[0] for r in MEGATRON_TABLE]
+)
 @pytest.mark.parametrize("dp", [1, 8, 64])
 def test_megatron_bytes_per_parameter_table(name, pb, gb, ob, plain, distributed, dp):
     one = np.array(1.0)
@@ -96,7 +98,7 @@ GPT3 = load_model("gpt3-175b")
 def test_korthikanti_per_layer_activations(tp, sp, recompute, formula):
     s, h, a = 2048, GPT3.hidden_size, GPT3.num_attention_heads
     got = mem.activation_bytes_per_token_per_layer(
-        GPT3, np.array(tp), np.array(sp), np.array(recompute), np.array(2), seq_len=s
+        GPT3, np.array(tp), np.array(sp), np.array(recompute), np.array(2), seq_len=s, flash=False
     )
     assert got == pytest.approx(h * formula(s, h, a, tp))
 
@@ -104,36 +106,56 @@ def test_korthikanti_per_layer_activations(tp, sp, recompute, formula):
 def test_korthikanti_175b_tp8_activation_total():
     """§4.2: GPT-3 175B, TP 8, s = 2048, b = 1: without recompute the 96 layers save
     sbhL(10 + 24/t + 5as/ht) bytes ≈ 52 GiB per GPU, which is why the paper needs SP + selective."""
-    got = 2048 * 96 * mem.activation_bytes_per_token_per_layer(
-        GPT3, np.array(8), np.array(False), np.array(0), np.array(2), seq_len=2048
+    got = (
+        2048
+        * 96
+        * mem.activation_bytes_per_token_per_layer(
+            GPT3, np.array(8), np.array(False), np.array(0), np.array(2), seq_len=2048, flash=False
+        )
     )
     assert got / 2**30 == pytest.approx(2048 * 12288 * 96 * (10 + 3 + 5 * 96 * 2048 / (12288 * 8)) / 2**30)
     assert 50 < got / 2**30 < 55
 
 
-TINY = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, ffn_hidden_size=160,
-                 vocab_size=100)
+TINY = ModelSpec(
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    ffn_hidden_size=160,
+    vocab_size=100,
+)
 
 
 def test_llama_activation_terms_by_hand():
     """bf16, no TP, no recompute: norms 2·(4+4)h, attention d(h+2kv) + 2d(h+kv) + 2dh, MLP 4·d·f."""
     h, f, kv, d = 64, 160, 32, 2
     expected = 2 * 8 * h + d * (h + 2 * kv) + 2 * d * (h + kv) + 2 * d * h + 4 * d * f
-    got = mem.activation_bytes_per_token_per_layer(TINY, np.array(1), np.array(False), np.array(0), np.array(d))
+    got = mem.activation_bytes_per_token_per_layer(
+        TINY, np.array(1), np.array(False), np.array(0), np.array(d)
+    )
     assert got == expected
-    full = mem.activation_bytes_per_token_per_layer(TINY, np.array(1), np.array(False), np.array(2), np.array(d))
+    full = mem.activation_bytes_per_token_per_layer(
+        TINY, np.array(1), np.array(False), np.array(2), np.array(d)
+    )
     assert full == d * h
 
 
 def test_recompute_orders_activation_memory_and_tp_shrinks_it():
     model = load_model("llama2-13b")
     by_policy = [
-        mem.activation_bytes_per_token_per_layer(model, np.array(1), np.array(False), np.array(r), np.array(2))
+        mem.activation_bytes_per_token_per_layer(
+            model, np.array(1), np.array(False), np.array(r), np.array(2)
+        )
         for r in (0, 1, 2)
     ]
     assert by_policy[0] > by_policy[1] > by_policy[2]
-    tp8 = mem.activation_bytes_per_token_per_layer(model, np.array(8), np.array(False), np.array(0), np.array(2))
-    tp8_sp = mem.activation_bytes_per_token_per_layer(model, np.array(8), np.array(True), np.array(0), np.array(2))
+    tp8 = mem.activation_bytes_per_token_per_layer(
+        model, np.array(8), np.array(False), np.array(0), np.array(2)
+    )
+    tp8_sp = mem.activation_bytes_per_token_per_layer(
+        model, np.array(8), np.array(True), np.array(0), np.array(2)
+    )
     assert by_policy[0] / 8 <= tp8_sp < tp8 < by_policy[0]
     assert tp8_sp == pytest.approx(by_policy[0] / 8)
 
@@ -152,3 +174,13 @@ def test_stage_params_sum_to_the_model():
 
 def test_pipeline_in_flight_micro_batches():
     assert list(mem.micro_batches_in_flight(np.array([1, 4, 4]), np.array([8, 8, 2]))) == [1, 4, 2]
+
+
+def test_flash_attention_drops_the_score_terms():
+    """With flash attention a GPT block keeps what Korthikanti's selective recompute keeps."""
+    args = (GPT3, np.array(8), np.array(False))
+    flash_none = mem.activation_bytes_per_token_per_layer(*args, np.array(0), np.array(2), seq_len=2048)
+    selective = mem.activation_bytes_per_token_per_layer(
+        *args, np.array(1), np.array(2), seq_len=2048, flash=False
+    )
+    assert flash_none == pytest.approx(selective)

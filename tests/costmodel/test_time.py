@@ -23,7 +23,9 @@ def test_model_flops_per_token_palm_convention():
 
 def test_big_gemm_is_compute_bound_at_catalog_efficiency():
     peak = H100.peak_tflops_bf16 * 1e12
-    t = compute.gemm_time_s(np.array(8192.0), np.array(8192.0), np.array(8192.0), H100, np.array(peak), np.array(2))
+    t = compute.gemm_time_s(
+        np.array(8192.0), np.array(8192.0), np.array(8192.0), H100, np.array(peak), np.array(2)
+    )
     achieved = 2 * 8192**3 / t / peak
     assert achieved == pytest.approx(H100.gemm_efficiency_max * (8192 / 8256) ** 3)
 
