@@ -55,8 +55,8 @@ def reduce_scatter_time_s(
     message_bytes: Num, group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec, collectives: Num = 1.0
 ) -> Num:
     """`collectives` reduce-scatters (or all-gathers: the same traffic reversed) of `message_bytes` in
-    all: (n−1)/n·bytes/busbw, plus n−1 latency steps each, since NCCL runs these only as rings. The
-    latency term is what makes ZeRO-3 collapse at hundreds of ranks (Narayanan et al. 2021, Table 2)."""
+    all: (n−1)/n·bytes/busbw, plus n−1 latency steps each, since NCCL runs these as rings: ZeRO-3's
+    per-module gathers pay it hundreds of times per step on groups of hundreds of ranks."""
     n = np.asarray(group_size, dtype=float)
     bw = group_bus_bandwidth_bytes_per_s(group_size, stride, gpus_per_node, gpu)
     latency = collectives * (n - 1) * _step_latency_s(n, stride, gpus_per_node, gpu)

@@ -1,0 +1,170 @@
+"""The published-measurement validation set parses into valid specs, and the accuracy benchmark runs.
+
+No accuracy threshold here: benchmarks/throughput_accuracy.py reports the numbers. These tests check
+that every row is a real, runnable layout, that inline model shapes reproduce the parameter counts the
+sources print, and that measured values are converted with the sources' own formulas.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from service.catalog import load_model
+from service.spec import Plan, check_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_benchmark() -> ModuleType:
+    name = "throughput_accuracy"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "throughput_accuracy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pydantic resolves the module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+ta = _load_benchmark()
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return ta.load_dataset()
+
+
+def _row(ds, row_id):
+    return next(r for r in ds.measurements if r.id == row_id)
+
+
+def test_dataset_spans_sources_models_and_layouts(ds):
+    rows = ds.measurements
+    assert len(rows) >= 30
+    used = {r.source for r in rows}
+    assert used == set(ds.sources) and len(used) >= 4
+    assert {r.gpu for r in rows} == {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb"}
+    assert {r.recompute for r in rows} == {"none", "selective", "full"}
+    assert min(r.seq_len for r in rows) <= 512 and max(r.seq_len for r in rows) >= 32768
+    assert any(r.tp > 1 and r.pp > 1 for r in rows) and any(r.zero_stage == 3 for r in rows)
+
+
+def test_inline_models_reproduce_source_parameter_counts(ds):
+    for name, entry in ds.models.items():
+        spec = ta.model_spec(ds, name)
+        assert spec.num_params == pytest.approx(entry["source_num_params"], rel=0.01), name
+    # Narayanan et al. Table 2 calls GPT-3 "174.6B"; the catalog entry must be that model.
+    assert load_model("gpt3-175b").num_params == pytest.approx(174.6e9, rel=0.01)
+
+
+def test_deepspeed_rows_build_valid_plans(ds):
+    for row in ds.measurements:
+        if row.megatron_only:
+            continue
+        model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
+        plan = check_plan(Plan(**row.plan_fields()), model, cluster, ta.workload(row))
+        assert plan.num_gpus == cluster.num_gpus == row.num_gpus, row.id
+
+
+def test_megatron_only_rows_are_exactly_the_layouts_deepspeed_rejects(ds):
+    flagged = [r for r in ds.measurements if r.megatron_only]
+    assert len(flagged) == 20
+    for row in ds.measurements:
+        deepspeed_limit = (row.tp > 1 and row.pp > 1) or (row.pp > 1 and row.zero_stage >= 2)
+        assert row.megatron_only == deepspeed_limit, row.id
+    for row in flagged:
+        with pytest.raises(ValueError, match="pipeline"):
+            Plan(**row.plan_fields())
+        model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
+        assert ta.megatron_only_problem(row, model, cluster) is None, row.id
+
+
+def test_megatron_only_problem_still_catches_bad_divisions(ds):
+    row = _row(ds, "korthikanti-t5-530b-sel-sp")
+    model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
+    bad = row.model_copy(update={"tp": 4, "pp": 2, "dp": 35})  # 105 layers do not split into 2 stages
+    assert "does not divide num_layers" in ta.megatron_only_problem(bad, model, cluster)
+
+
+def test_step_times_reproduce_the_mfu_the_megatron_readme_prints(ds):
+    """Korthikanti Table 5 times, through Eq. 7, give the README's 41.5/51.4/56.0/56.3 % MFU."""
+    readme_mfu = {"22b": 0.415, "175b": 0.514, "530b": 0.560, "1t": 0.563}
+    for tag, mfu in readme_mfu.items():
+        row = _row(ds, f"korthikanti-t5-{tag}-sel-sp")
+        model = ta.model_spec(ds, row.model)
+        tokens = ta.measured_tokens_per_s_per_gpu(row, model)
+        assert tokens * ta.korthikanti_eq7_flops_per_token(model, row.seq_len) / 312e12 == pytest.approx(
+            mfu, abs=0.003
+        )
+
+
+def test_measured_values_convert_to_tokens_per_gpu(ds):
+    row = _row(ds, "korthikanti-t5-22b-sel-sp")  # 4 sequences × 2048 tokens in 1.10 s on 8 GPUs
+    assert ta.measured_tokens_per_s_per_gpu(row, ta.model_spec(ds, row.model)) == pytest.approx(
+        930.9, abs=0.1
+    )
+    row = _row(ds, "narayanan-t1-gpt1008b-n3072")  # 163 TFLOP/s under Eq. 3
+    model = ta.model_spec(ds, row.model)
+    per_token = 96 * 128 * 25600**2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600))
+    assert ta.measured_tokens_per_s_per_gpu(row, model) == pytest.approx(163e12 / per_token)
+    row = _row(ds, "mosaic-h100-mpt7b-s2048-n8-mb6")
+    assert ta.measured_tokens_per_s_per_gpu(row, ta.model_spec(ds, row.model)) == 10643
+
+
+def test_constant_mfu_baseline(ds):
+    row = _row(ds, "mosaic-h100-mpt7b-s2048-n8-mb6")
+    model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
+    per_token = 6 * model.num_params + 12 * 32 * 4096 * 2048
+    expected = 0.4 * 989.4e12 / per_token
+    assert ta.baseline_tokens_per_s_per_gpu(model, cluster.gpu, row, 0.4) == pytest.approx(expected)
+
+
+def test_gpu_overrides_apply(ds):
+    row = _row(ds, "torchtitan-h100-llama3-8b-n128")
+    cluster = ta.cluster_spec(row)
+    assert cluster.gpu.hbm_bandwidth_gb_per_s == 2400.0 and cluster.num_nodes == 16
+
+
+def test_rank_statistics():
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    assert ta.spearman(x, x * 10) == pytest.approx(1.0)
+    assert ta.kendall_tau_b(x, -x) == pytest.approx(-1.0)
+    assert ta.kendall_tau_b(x, np.array([1.0, 3.0, 2.0, 4.0])) == pytest.approx(4 / 6)
+    assert math.isnan(ta.spearman(x, np.ones(4)))
+
+
+def _has_cost_model() -> bool:
+    try:
+        from service.costmodel import estimate, estimate_table  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_cost_model(), reason="service.costmodel.estimate is not written yet")
+def test_accuracy_script_runs_and_writes_results(ds, tmp_path, capsys):
+    out = tmp_path / "throughput_accuracy.json"
+    assert ta.main(["--out", str(out), "--worst", "3"]) == 0
+    payload = json.loads(out.read_text())
+    rows = payload["rows"]
+    assert len(rows) == len(ds.measurements)
+    for r in rows:
+        assert (
+            math.isfinite(r["predicted_tokens_per_s_per_gpu"]) and r["predicted_tokens_per_s_per_gpu"] > 0
+        ), r["id"]
+        assert r["error"] == pytest.approx(
+            r["predicted_tokens_per_s_per_gpu"] / r["measured_tokens_per_s_per_gpu"] - 1
+        )
+    summary = payload["summary"]
+    assert set(summary["model"]["per_source"]) == set(ds.sources)
+    assert summary["baseline"]["overall"]["n"] == len(rows)
+    assert "worst 3 rows" in capsys.readouterr().out
