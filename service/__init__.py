@@ -28,6 +28,10 @@ _LAZY: dict[str, str] = {
     "estimate": "service.costmodel",
     "estimate_table": "service.costmodel",
     "Estimate": "service.costmodel",
+    "Planner": "service.planner",
+    "PlanResult": "service.planner",
+    "RankedPlan": "service.planner",
+    "estimate_plan": "service.planner",
 }
 
 __all__ = [

@@ -49,7 +49,11 @@ def from_validation_error(
     msg = str(first["msg"]).removeprefix("Value error, ")
     inner = (first.get("ctx") or {}).get("error")
     if isinstance(inner, SpecError):
+        if inner.source:  # the problem sits in another file (a model YAML the experiment names)
+            return inner
         msg = inner.message  # a catalog lookup inside a validator already said what is allowed
+        if not loc or loc[-1] != inner.field:  # a model validator naming the field at fault
+            field = ".".join([*(str(p) for p in loc), inner.field])
     if first["type"] == "extra_forbidden":
         allowed = _allowed_keys(model_cls, loc)
         msg = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")

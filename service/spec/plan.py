@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.spec.errors import SpecError
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.workload import Workload
@@ -50,7 +51,7 @@ class Plan(BaseModel):
     def _check_self(self) -> Plan:
         problem = _plan_only_problem(self)
         if problem:
-            raise ValueError(problem[1])
+            raise SpecError(*problem)  # a ValueError naming the field, for validate_as
         return self
 
     @property

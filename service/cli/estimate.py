@@ -1,0 +1,192 @@
+"""`python -m service estimate --model M --gpu G --gpus N --tp T --pp P --zero Z ...`: one plan.
+
+Memory per GPU by term, whether it fits, step time, tokens/s (total and per GPU) and MFU, as a table
+or JSON. The global batch is micro_batch · grad_accum · dp with dp = gpus / (tp · pp). Bad input
+(unknown model or GPU, GPUs not a whole number of nodes, tp not dividing the heads, ...) is one line
+naming the flag and what is allowed, exit 2. Imports neither torch, ray nor deepspeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+# plan_problem's field -> the flag a user of this command would change.
+FLAGS = {
+    "dp": "--gpus",
+    "tp": "--tp",
+    "pp": "--pp",
+    "zero_stage": "--zero",
+    "offload_optimizer": "--offload-optimizer",
+    "offload_params": "--offload-params",
+    "sequence_parallel": "--sequence-parallel",
+    "micro_batch": "--micro-batch",
+    "grad_accum": "--grad-accum",
+}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a(
+        "--model",
+        required=True,
+        help="Catalog model name (e.g. llama2-13b) or a YAML file of ModelSpec fields.",
+    )
+    a("--gpu", required=True, help="Catalog GPU name (e.g. h100-sxm-80gb).")
+    a("--gpus", type=_positive_int, required=True, help="Total GPUs (a whole number of nodes).")
+    a("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node (default 8).")
+    a("--tp", type=_positive_int, default=1, help="Tensor-parallel degree.")
+    a("--pp", type=_positive_int, default=1, help="Pipeline-parallel stages.")
+    a("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage.")
+    a("--offload-optimizer", action="store_true", help="Optimizer states and step on CPU (ZeRO 1-3).")
+    a("--offload-params", action="store_true", help="Parameters on CPU between uses (ZeRO 3).")
+    a("--micro-batch", type=_positive_int, default=1, help="Sequences per micro-batch per DP rank.")
+    a("--grad-accum", type=_positive_int, default=1, help="Micro-batches per optimizer step.")
+    a("--seq-len", type=_positive_int, default=4096, help="Tokens per sequence (default 4096).")
+    a("--recompute", choices=("none", "selective", "full"), default="none", help="Activation recompute.")
+    a("--sequence-parallel", action="store_true", help="Shard norm/dropout activations over TP (tp > 1).")
+    a(
+        "--precision",
+        choices=("bf16", "fp16", "fp32"),
+        default="bf16",
+        help="Compute precision (default bf16).",
+    )
+    a("--no-flash-attention", action="store_true", help="Materialised attention scores (Megatron 2021-22).")
+    a(
+        "--tokens-to-train",
+        type=float,
+        default=1e9,
+        help="Tokens the run trains, for hours and dollars (1e9).",
+    )
+    a("--headroom", type=float, default=0.10, help="Fraction of GPU memory kept free (default 0.10).")
+    a("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour (default: the GPU catalog's).")
+    a("--json", action="store_true", help="Print JSON instead of a table.")
+
+
+def _flag_error(flag: str, err: Exception) -> Exception:
+    from service.spec import SpecError
+
+    message = err.message if isinstance(err, SpecError) else str(err)
+    return SpecError(flag, message) if not getattr(err, "source", None) else err
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _allowed(field: str, model: Any, cluster: Any, args: argparse.Namespace) -> str:
+    """The values of `field` that would pass, other flags unchanged ('' when not a number choice)."""
+    n = cluster.num_gpus
+    if field == "tp":
+        ok = [
+            t
+            for t in _divisors(cluster.gpus_per_node)
+            if model.num_attention_heads % t == 0 and model.kv_heads % t == 0
+        ]
+        ok = [t for t in ok if n % (t * args.pp) == 0]
+    elif field == "pp":
+        ok = [p for p in _divisors(model.num_layers) if n % (p * args.tp) == 0]
+    else:
+        return ""
+    return f"; allowed {FLAGS[field]} for this model and cluster: {', '.join(map(str, ok)) or 'none'}"
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """(model, cluster, plan, workload) from the flags; `SpecError` naming the flag on bad input."""
+    from service.catalog import load_gpu, load_model
+    from service.spec import ClusterSpec, Plan, SpecError, Workload, plan_problem
+
+    try:
+        model = load_model(args.model)
+    except SpecError as err:
+        raise _flag_error("--model", err) from None
+    try:
+        gpu = load_gpu(args.gpu)
+        cluster = ClusterSpec.from_gpu_count(gpu, args.gpus, args.gpus_per_node)
+    except SpecError as err:
+        raise _flag_error("--gpu", err) from None
+    except ValueError as err:
+        raise SpecError("--gpus", f"{err}; allowed: a multiple of {args.gpus_per_node}, or fewer") from None
+    if args.price_per_gpu_hour is not None:
+        if args.price_per_gpu_hour < 0:
+            raise SpecError("--price-per-gpu-hour", f"must be 0 or more, got {args.price_per_gpu_hour}")
+        cluster = cluster.model_copy(update={"price_per_gpu_hour_usd": args.price_per_gpu_hour})
+    if args.gpus % (args.tp * args.pp):
+        field = "pp" if args.gpus % args.pp else "tp"
+        message = f"tp·pp = {args.tp * args.pp} does not divide --gpus {args.gpus}"
+        raise SpecError(FLAGS[field], message + _allowed(field, model, cluster, args))
+    values = dict(
+        dp=args.gpus // (args.tp * args.pp), tp=args.tp, pp=args.pp, zero_stage=args.zero,
+        offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
+        micro_batch=args.micro_batch, grad_accum=args.grad_accum, recompute=args.recompute,
+        sequence_parallel=args.sequence_parallel, precision=args.precision,
+    )  # fmt: skip
+    if not 0 <= args.headroom < 1:
+        raise SpecError("--headroom", f"must be in [0, 1), got {args.headroom}")
+    if args.tokens_to_train <= 0:
+        raise SpecError("--tokens-to-train", f"must be positive, got {args.tokens_to_train:g}")
+    workload = Workload(
+        seq_len=args.seq_len,
+        global_batch_sequences=args.micro_batch * args.grad_accum * values["dp"],
+        tokens_to_train=args.tokens_to_train,
+        flash_attention=not args.no_flash_attention,
+    )
+    problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
+    if problem:
+        field, message = problem
+        raise SpecError(FLAGS.get(field, field), message + _allowed(field, model, cluster, args))
+    return model, cluster, Plan(**values), workload
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.planner import estimate_plan
+
+    model, cluster, plan, workload = build(args)
+    est = estimate_plan(model, cluster, plan, workload, memory_headroom=args.headroom)
+    inputs = {
+        "model": model.name,
+        "gpu": cluster.gpu.name,
+        "num_gpus": cluster.num_gpus,
+        "gpus_per_node": cluster.gpus_per_node,
+        "seq_len": workload.seq_len,
+        "global_batch_sequences": workload.batch_sequences,
+        "tokens_to_train": workload.tokens_to_train,
+        "flash_attention": workload.flash_attention,
+        "memory_headroom": args.headroom,
+    }
+    if args.json:
+        print(json.dumps({"label": plan.short(), "inputs": inputs, **est.model_dump()}, indent=2))
+    else:
+        print(render(est, inputs))
+    return 0
+
+
+def render(est: Any, inputs: dict[str, Any]) -> str:
+    from service.cli.plan import format_table, memory_lines
+
+    times = est.time_breakdown_s.model_dump()
+    fits = "fits" if est.fits else "DOES NOT FIT"
+    return "\n".join(
+        [
+            f"{est.plan.short()}: {inputs['model']} on {inputs['num_gpus']} × {inputs['gpu']}, "
+            f"{inputs['seq_len']}-token sequences, {inputs['global_batch_sequences']} per step",
+            "",
+            f"memory per GPU (GiB): {fits}",
+            memory_lines(est.memory_per_gpu_bytes.model_dump(), est.memory_limit_bytes),
+            "",
+            f"step time {est.step_time_s:.3f} s, by term after overlap (s):",
+            format_table(list(times), [[f"{v:.3f}" for v in times.values()]], left=0),
+            "",
+            f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
+            f"{est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, MFU {est.mfu:.1%}",
+            f"{inputs['tokens_to_train']:.3g} tokens: {est.hours:,.2f} h, ${est.dollars:,.0f}",
+        ]
+    )

@@ -1,0 +1,291 @@
+"""The planner's Python API, shaped like Ray's: a config in, `fit()`, a typed result out.
+
+    >>> from service import Planner
+    >>> result = Planner("experiments/llama2-13b-32xh100.yaml", top_k=5).fit()
+    >>> result.selected.plan.short(), result.selected.estimate.dollars      # doctest: +SKIP
+    >>> result.why_not(some_plan)                                            # doctest: +SKIP
+
+`rank_plans` is the pure core (enumerate, score in one vectorised pass, select); `Planner.fit` wraps
+it into a `PlanResult` that keeps the full table, so it can say why any plan lost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from service.costmodel.result import Estimate, EstimateTable
+from service.plans.enumerate import (
+    COMBINATION_REASONS,
+    DEFAULT_MAX_MICRO_BATCH,
+    Enumeration,
+    enumerate_plans,
+    micro_batches,
+)
+from service.plans.select import GIB, STATUSES, Selection, select_plan
+from service.plans.table import PRECISION_CODES, PlanTable
+from service.spec import (
+    Budget,
+    ClusterSpec,
+    ExperimentSpec,
+    ModelSpec,
+    Plan,
+    SpecError,
+    Workload,
+    check_plan,
+    load_experiment,
+    plan_problem,
+)
+from service.spec.plan import Precision
+
+
+class RankedPlan(BaseModel):
+    """One scored plan: its place in the ranking (1 = best; None when it does not fit), its status
+    (selected, over memory, over budget, over deadline, slower, costlier, tied) and its estimate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int | None
+    status: str
+    estimate: Estimate
+
+    @property
+    def plan(self) -> Plan:
+        return self.estimate.plan
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "status": self.status,
+            "label": self.plan.short(),
+            **self.estimate.model_dump(),
+        }
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """What `rank_plans` returns: the valid plans, their scores and the selection (row indexes)."""
+
+    enumeration: Enumeration
+    estimates: EstimateTable
+    selection: Selection
+
+    def rejected_counts(self) -> dict[str, int]:
+        """Why every candidate but the selected one lost: invalid (by rule), then by selection status."""
+        invalid = {f"invalid: {reason}": n for reason, n in self.enumeration.invalid_counts.items()}
+        return {**invalid, **self.selection.counts()}
+
+
+def rank_plans(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    workload: Workload,
+    budget: Budget,
+    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
+    precision: Precision = "bf16",
+) -> Ranking:
+    """Enumerates every valid plan, scores them all with `estimate_table`, and selects under `budget`."""
+    from service.costmodel import estimate_table
+
+    enumeration = enumerate_plans(model, cluster, workload, max_micro_batch, precision)
+    estimates = estimate_table(
+        model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom
+    )
+    return Ranking(enumeration, estimates, select_plan(enumeration.plans, estimates, budget))
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """The planner's answer. `selected` is None when no plan meets the budget; then `binding_constraint`
+    names what binds and `fallback` is the cheapest plan that meets the deadline (or the fastest)."""
+
+    experiment: str
+    objective: str
+    budget: Budget
+    candidates: int
+    plans_evaluated: int
+    rejected_counts: dict[str, int]
+    selected: RankedPlan | None
+    ranked: list[RankedPlan]
+    binding_constraint: str | None
+    fallback: RankedPlan | None
+    message: str
+    elapsed_s: float
+    _ranking: Ranking = field(repr=False)
+    _spec: ExperimentSpec = field(repr=False)
+    _max_micro_batch: int = field(repr=False)
+    _precision: str = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the selection, the top-K ranking, counts and the message."""
+        return {
+            "experiment": self.experiment,
+            "objective": self.objective,
+            "budget": self.budget.model_dump(),
+            "selected": self.selected.to_dict() if self.selected else None,
+            "binding_constraint": self.binding_constraint,
+            "fallback": self.fallback.to_dict() if self.fallback else None,
+            "message": self.message,
+            "ranked": [r.to_dict() for r in self.ranked],
+            "candidates": self.candidates,
+            "plans_evaluated": self.plans_evaluated,
+            "rejected_counts": self.rejected_counts,
+            "elapsed_s": self.elapsed_s,
+        }
+
+    def why_not(self, plan: Plan) -> str:
+        """Why `plan` was not selected (or that it was), with the numbers that decided it."""
+        row = _find_row(self._ranking.enumeration.plans, plan)
+        if row is None:
+            return self._not_enumerated(plan)
+        est, sel = self._ranking.estimates, self._ranking.selection
+        status = STATUSES[sel.status[row]]
+        best = sel.selected
+        if status == "selected":
+            return f"selected: best {self.objective} of the plans that fit and meet the budget"
+        if status == "over memory":
+            return (
+                f"over memory: needs {est.total_bytes[row] / GIB:.1f} GiB per GPU, the limit is "
+                f"{est.memory_limit_bytes[row] / GIB:.1f} GiB "
+                f"after {self.budget.memory_headroom:.0%} headroom"
+            )
+        if status in ("over budget", "over deadline"):
+            return "; ".join(_over_limits(est, row, self.budget))
+        assert best is not None
+        label = self._ranking.enumeration.plans.row(best).short()
+        if status == "slower":
+            return (
+                f"slower: {est.tokens_per_s[row]:,.0f} tokens/s vs {est.tokens_per_s[best]:,.0f} for {label}"
+            )
+        if status == "costlier":
+            return f"costlier: ${est.dollars[row]:,.0f} vs ${est.dollars[best]:,.0f} for {label}"
+        return f"tied with {label} on tokens/s and dollars; fewer offloads (or listed first) wins the tie"
+
+    def _not_enumerated(self, plan: Plan) -> str:
+        spec = self._spec
+        problem = plan_problem(plan, spec.model, spec.cluster, spec.workload)
+        if problem:
+            return f"invalid: {problem[0]}: {problem[1]}"
+        tried = micro_batches(self._max_micro_batch)
+        if plan.micro_batch not in tried:
+            return f"not enumerated: the planner tries micro_batch in {tried}"
+        return f"not enumerated: the planner scored {self._precision} plans only"
+
+
+def _message(ranking: Ranking) -> str:
+    """The selection's message; with no valid plan at all, the rules that turned most candidates away."""
+    sel = ranking.selection
+    if sel.binding != "no valid plan":
+        return sel.message
+    counts = ranking.enumeration.invalid_counts.items()
+    top = [(reason, n) for reason, n in counts if reason not in COMBINATION_REASONS][:3]
+    reasons = "; ".join(f"{reason}: {n:,}" for reason, n in top)
+    return f"{sel.message} (of {ranking.enumeration.candidates:,} candidates: {reasons})"
+
+
+def _over_limits(est: EstimateTable, row: int, budget: Budget) -> list[str]:
+    reasons = []
+    if budget.max_dollars is not None and est.dollars[row] > budget.max_dollars:
+        reasons.append(f"over budget: ${est.dollars[row]:,.0f} > max_dollars ${budget.max_dollars:,.0f}")
+    if budget.max_hours is not None and est.hours[row] > budget.max_hours:
+        reasons.append(f"over deadline: {est.hours[row]:,.1f} h > max_hours {budget.max_hours:g} h")
+    return reasons
+
+
+def _find_row(table: PlanTable, plan: Plan) -> int | None:
+    """Index of `plan` in `table`, or None."""
+    encoded = PlanTable.from_plans([plan])
+    mask = None
+    for name in Plan.model_fields:
+        eq = getattr(table, name) == getattr(encoded, name)[0]
+        mask = eq if mask is None else mask & eq
+    hits = mask.nonzero()[0] if mask is not None else []
+    return int(hits[0]) if len(hits) else None
+
+
+class Planner:
+    """Ranks every valid plan of an experiment and selects one under its budget.
+
+    Args:
+        experiment: an `ExperimentSpec`, or the path of its YAML file.
+        top_k: how many plans `PlanResult.ranked` keeps (the ranking itself covers all).
+        budget: replaces the experiment's budget (limits, objective, memory headroom).
+        max_micro_batch: largest micro-batch tried; micro-batches are powers of two up to it.
+        precision: compute precision of every plan (bf16 or fp16 mixed precision, or fp32).
+
+    Example:
+        >>> result = Planner("experiments/llama2-13b-32xh100.yaml", top_k=3).fit()  # doctest: +SKIP
+        >>> print(result.message)                                                    # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        experiment: ExperimentSpec | str | Path,
+        *,
+        top_k: int = 10,
+        budget: Budget | None = None,
+        max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
+        precision: Precision = "bf16",
+    ):
+        spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+        if top_k < 0:
+            raise SpecError("top_k", f"must be 0 or more, got {top_k}")
+        if precision not in PRECISION_CODES:
+            raise SpecError(
+                "precision", f"unknown precision {precision!r}; allowed: {', '.join(PRECISION_CODES)}"
+            )
+        if max_micro_batch < 1:
+            raise SpecError("max_micro_batch", f"must be 1 or more, got {max_micro_batch}")
+        self.spec = spec.model_copy(update={"budget": budget}) if budget is not None else spec
+        self.top_k = top_k
+        self.max_micro_batch = max_micro_batch
+        self.precision: Precision = precision
+
+    def fit(self) -> PlanResult:
+        spec, started = self.spec, time.perf_counter()
+        ranking = rank_plans(
+            spec.model, spec.cluster, spec.workload, spec.budget, self.max_micro_batch, self.precision
+        )
+        sel, plans, est = ranking.selection, ranking.enumeration.plans, ranking.estimates
+
+        def entry(row: int) -> RankedPlan:
+            hit = (sel.order == row).nonzero()[0]
+            rank = int(hit[0]) + 1 if len(hit) else None
+            return RankedPlan(
+                rank=rank,
+                status=STATUSES[sel.status[row]],
+                estimate=Estimate.from_table(est, plans.row(row), row),
+            )
+
+        return PlanResult(
+            experiment=spec.name,
+            objective=spec.budget.objective,
+            budget=spec.budget,
+            candidates=ranking.enumeration.candidates,
+            plans_evaluated=len(plans),
+            rejected_counts=ranking.rejected_counts(),
+            selected=entry(sel.selected) if sel.selected is not None else None,
+            ranked=[entry(int(r)) for r in sel.order[: self.top_k]],
+            binding_constraint=sel.binding,
+            fallback=entry(sel.fallback) if sel.fallback is not None else None,
+            message=_message(ranking),
+            elapsed_s=time.perf_counter() - started,
+            _ranking=ranking,
+            _spec=spec,
+            _max_micro_batch=self.max_micro_batch,
+            _precision=self.precision,
+        )
+
+
+def estimate_plan(
+    model: ModelSpec, cluster: ClusterSpec, plan: Plan, workload: Workload, memory_headroom: float = 0.10
+) -> Estimate:
+    """The cost model's estimate for one plan, after checking it (`SpecError` naming the field)."""
+    from service.costmodel import estimate
+
+    check_plan(plan, model, cluster, workload)
+    return estimate(model, cluster, plan, workload, memory_headroom=memory_headroom)

@@ -1,0 +1,176 @@
+"""Enumeration: every valid plan, nothing else, and the vectorised filter agrees with `plan_problem`."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from service.catalog import load_model
+from service.plans.enumerate import (
+    INVALID_REASONS,
+    VALID,
+    candidate_table,
+    count_codes,
+    enumerate_plans,
+    factorisations,
+    micro_batches,
+    problem_codes,
+    reason_code,
+)
+from service.plans.table import PRECISION_CODES, RECOMPUTE_CODES, PlanTable
+from service.spec import ClusterSpec, ModelSpec, Plan, Workload, check_plan, plan_problem
+
+TINY = ModelSpec(
+    name="tiny", num_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+    ffn_hidden_size=344, vocab_size=512,
+)  # fmt: skip
+ODD = ModelSpec(  # 6 heads, 3 KV heads, 3 layers: most tp and pp degrees fail on the model
+    name="odd", num_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
+    ffn_hidden_size=256, vocab_size=100,
+)  # fmt: skip
+
+
+def unchecked_plan(table: PlanTable, i: int) -> Plan:
+    """Row i as a Plan without running its validator, so invalid candidates reach plan_problem."""
+    values = {name: getattr(table, name)[i].item() for name in Plan.model_fields}
+    values["recompute"] = RECOMPUTE_CODES[values["recompute"]]
+    values["precision"] = PRECISION_CODES[values["precision"]]
+    return Plan.model_construct(**values)
+
+
+def test_factorisations_are_all_ordered_triples():
+    for n in (1, 6, 12, 32):
+        brute = {
+            (a, b, c)
+            for a in range(1, n + 1)
+            for b in range(1, n + 1)
+            for c in range(1, n + 1)
+            if a * b * c == n
+        }
+        assert set(factorisations(n)) == brute
+        assert len(factorisations(n)) == len(brute)
+    assert len(factorisations(32)) == 21  # C(5 + 2, 2) ordered factorisations of 2^5 into 3
+
+
+def test_micro_batches_are_powers_of_two_up_to_the_cap():
+    assert micro_batches(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert micro_batches(48) == [1, 2, 4, 8, 16, 32]
+    assert micro_batches(1) == [1]
+    assert micro_batches(0) == []
+
+
+CASES = [
+    (TINY, ClusterSpec(gpu="cpu", num_nodes=1, gpus_per_node=2), 8),
+    (TINY, ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=8), 48),
+    (ODD, ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=6), 36),
+    (ODD, ClusterSpec(gpu="h100-sxm-80gb", num_nodes=3, gpus_per_node=4), 24),
+    (load_model("llama2-13b"), ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1, gpus_per_node=8), 64),
+    (load_model("llama3-8b"), ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=8), 32),
+]
+
+
+@pytest.mark.parametrize(("model", "cluster", "batch"), CASES, ids=lambda x: getattr(x, "name", None))
+def test_vectorised_filter_agrees_with_plan_problem_on_every_candidate(model, cluster, batch):
+    workload = Workload(seq_len=128, global_batch_sequences=batch, tokens_to_train=1e6)
+    table = candidate_table(cluster, workload, max_micro_batch=16)
+    codes = problem_codes(table, model, cluster, workload)
+    expected = np.array(
+        [
+            reason_code(plan_problem(unchecked_plan(table, i), model, cluster, workload))
+            for i in range(len(table))
+        ]
+    )
+    assert np.array_equal(codes, expected)
+    assert (codes == VALID).sum() > 0  # each case has valid plans, and invalid ones for several reasons
+    assert len(set(codes.tolist())) >= 6
+
+
+def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload():
+    """Random shapes hit the rules enumeration never produces (dp·tp·pp off the GPU count, tp > node)."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    table = PlanTable.from_columns(
+        dp=rng.integers(1, 9, n), tp=rng.choice([1, 2, 3, 4, 8, 16], n), pp=rng.integers(1, 5, n),
+        zero_stage=rng.integers(0, 4, n), offload_optimizer=rng.random(n) < 0.3,
+        offload_params=rng.random(n) < 0.3,
+        micro_batch=rng.integers(1, 5, n), grad_accum=rng.integers(1, 5, n), recompute=rng.integers(0, 3, n),
+        sequence_parallel=rng.random(n) < 0.3, precision=rng.integers(0, 3, n),
+    )  # fmt: skip
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # tp 2 divides 6, not 3
+    workload = Workload(seq_len=128, global_batch_sequences=12, tokens_to_train=1e6)
+    seen: set[int] = set()
+    for c, w in [(None, None), (cluster, None), (cluster, workload)]:
+        codes = problem_codes(table, TINY, c, w)
+        plans = [unchecked_plan(table, i) for i in range(n)]
+        expected = np.array([reason_code(plan_problem(p, TINY, c, w)) for p in plans])
+        assert np.array_equal(codes, expected)
+        seen |= set(codes.tolist())
+    assert seen == set(range(len(INVALID_REASONS)))  # every rule was exercised somewhere
+
+
+def test_two_stage_enumeration_equals_filtering_the_full_cross_product():
+    model, cluster = load_model("llama2-13b"), ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, gpus_per_node=8)
+    workload = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
+    table = candidate_table(cluster, workload)
+    codes = problem_codes(table, model, cluster, workload)
+    result = enumerate_plans(model, cluster, workload)
+    assert result.candidates == len(table) == 21 * 4 * 2 * 2 * 7 * 3 * 2
+    assert result.invalid_counts == count_codes(codes)
+    assert sum(result.invalid_counts.values()) + len(result.plans) == result.candidates
+    key = lambda t: sorted(zip(*(getattr(t, f).tolist() for f in Plan.model_fields), strict=True))  # noqa: E731
+    assert key(result.plans) == key(table.take(codes == VALID))
+    assert len(result.plans) == 666
+
+
+def test_every_enumerated_plan_is_a_valid_plan_for_the_workload():
+    model, cluster = load_model("llama2-13b"), ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, gpus_per_node=8)
+    workload = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
+    plans = enumerate_plans(model, cluster, workload).plans
+    for i in range(len(plans)):
+        plan = check_plan(plans.row(i), model, cluster, workload)  # raises on any invalid plan
+        assert plan.micro_batch * plan.grad_accum * plan.dp == 128
+    labels = {plans.row(i).short() for i in range(len(plans))}
+    assert "dp4-tp8-pp1-z1-mb1-ga32-rc:sele-sp" in labels
+    assert "dp32-tp1-pp1-z3-offopt-offpar-mb4-ga1-rc:full" in labels
+    assert "dp8-tp1-pp4-z1-mb16-ga1-rc:none" in labels
+    assert not any("tp8-pp2" in label or "tp16" in label for label in labels)  # no TP×PP, no TP across nodes
+
+
+def test_enumeration_is_complete_against_brute_force():
+    """Every Plan plan_problem accepts (micro-batch a power of two ≤ cap) is enumerated, and only those."""
+    cluster = ClusterSpec(gpu="cpu", num_nodes=1, gpus_per_node=4)
+    workload = Workload(seq_len=64, global_batch_sequences=8, tokens_to_train=1e6)
+    brute = set()
+    shapes = [(d, t, p) for d in range(1, 5) for t in range(1, 5) for p in range(1, 5) if d * t * p == 4]
+    for (dp, tp, pp), zero, oo, op, mb, ga, rc, sp in itertools.product(
+        shapes,
+        range(4),
+        (False, True),
+        (False, True),
+        (1, 2, 4, 8),
+        range(1, 9),
+        RECOMPUTE_CODES,
+        (False, True),
+    ):
+        plan = Plan.model_construct(
+            dp=dp, tp=tp, pp=pp, zero_stage=zero, offload_optimizer=oo, offload_params=op, micro_batch=mb,
+            grad_accum=ga, recompute=rc, sequence_parallel=sp, precision="bf16",
+        )  # fmt: skip
+        if plan_problem(plan, TINY, cluster, workload) is None:
+            brute.add(plan.short())
+    plans = enumerate_plans(TINY, cluster, workload, max_micro_batch=8).plans
+    enumerated = [plans.row(i).short() for i in range(len(plans))]
+    assert len(enumerated) == len(set(enumerated))
+    assert set(enumerated) == brute
+    assert len(brute) > 50
+
+
+def test_precision_and_micro_batch_cap_are_applied():
+    model, cluster = TINY, ClusterSpec(gpu="cpu", num_nodes=1, gpus_per_node=2)
+    workload = Workload(seq_len=64, global_batch_sequences=64, tokens_to_train=1e6)
+    plans = enumerate_plans(model, cluster, workload, max_micro_batch=4, precision="fp32").plans
+    assert set(plans.micro_batch.tolist()) == {1, 2, 4}
+    assert set(plans.precision.tolist()) == {PRECISION_CODES.index("fp32")}
+    assert plans.row(0).precision == "fp32"
