@@ -39,11 +39,13 @@ class ModelSpec(BaseModel):
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
-                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
+                f"hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
             )
         if self.num_attention_heads % self.kv_heads:
             raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not divisible by num_key_value_heads {self.kv_heads}"
+                f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                f"num_key_value_heads {self.kv_heads}"
             )
         return self
 

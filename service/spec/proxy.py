@@ -26,7 +26,8 @@ class ProxySpec(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every K steps (0 = never).")
     data: Literal["synthetic"] | str = Field(
         "synthetic",
-        description="`synthetic` (seeded random tokens) or a path to a binary file of uint16/uint32 token ids.",
+        description="`synthetic` (seeded random tokens) or a path to a binary file of uint16/uint32 "
+        "token ids.",
     )
     seed: int = Field(1234, description="Seed for weights, data and dropout.")
     memory_limit_gib: float | None = Field(

@@ -10,7 +10,7 @@ class TrackingSpec(BaseModel):
 
     Example (YAML):
         tracking:
-          uri: http://127.0.0.1:5000     # default: sqlite:///<repo>/mlflow.db, artifacts in <repo>/mlartifacts
+          uri: http://127.0.0.1:5000   # default: sqlite:///<repo>/mlflow.db (artifacts: <repo>/mlartifacts)
           experiment_name: llama2-13b-32xh100
     """
 
@@ -25,8 +25,8 @@ class TrackingSpec(BaseModel):
     )
     artifact_location: str | None = Field(
         None,
-        description="Artifact root for a new MLflow experiment; default: `mlartifacts/` next to a sqlite store, "
-        "else the server's default.",
+        description="Artifact root for a new MLflow experiment; default: `mlartifacts/` next to a sqlite "
+        "store, else the server's default.",
     )
     buffer_dir: str | None = Field(
         None,
