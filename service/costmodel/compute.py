@@ -41,19 +41,28 @@ def gemm_time_s(m: Num, n: Num, k: Num, gpu: GPUSpec, peak_flops: Num, d: Num) -
     return np.maximum(compute, memory)
 
 
+def attention_gemm_time_forward_s(
+    model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, peak_flops: Num, d: Num
+) -> Num:
+    """Forward QKV and output projections of one block on one TP rank: QKV column-parallel (split n),
+    output row-parallel (split k) (Megatron-LM §3)."""
+    h, kv = model.hidden_size, model.kv_heads * model.head_dim
+    qkv = gemm_time_s(tokens, (h + 2 * kv) / tp, h, gpu, peak_flops, d)
+    return qkv + gemm_time_s(tokens, h, h / tp, gpu, peak_flops, d)
+
+
 def layer_gemm_time_forward_s(
     model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, peak_flops: Num, d: Num
 ) -> Num:
-    """Forward matmuls of one block on one TP rank: fused QKV, output projection, MLP in (gate+up
-    fused for swiglu) and MLP out; column-parallel split n, row-parallel split k (Megatron-LM §3)."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    """Forward matmuls of one block on one TP rank: the attention projections plus the MLP's in (gate
+    and up fused for swiglu, column-parallel) and out (row-parallel)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
     mlp_in = f * (2 if model.mlp == "swiglu" else 1)
-    return (
-        gemm_time_s(tokens, (h + 2 * kv) / tp, h, gpu, peak_flops, d)
-        + gemm_time_s(tokens, h, h / tp, gpu, peak_flops, d)
-        + gemm_time_s(tokens, mlp_in / tp, h, gpu, peak_flops, d)
-        + gemm_time_s(tokens, h, f / tp, gpu, peak_flops, d)
+    attention = attention_gemm_time_forward_s(model, tokens, tp, gpu, peak_flops, d)
+    mlp = gemm_time_s(tokens, mlp_in / tp, h, gpu, peak_flops, d) + gemm_time_s(
+        tokens, h, f / tp, gpu, peak_flops, d
     )
+    return attention + mlp
 
 
 def attention_time_forward_s(

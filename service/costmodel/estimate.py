@@ -53,11 +53,13 @@ def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.n
     params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / p.dp), params)
     # ZeRO-Offload keeps optimizer states (and, from stage 2, the fp32 gradient partition) on the host;
     # ZeRO-Infinity parameter offload keeps the partitioned parameters there (Ren et al. 2021, §4).
+    # Stage 2 accumulates gradients straight into the host buffer; stage 3 also keeps its device-side
+    # flat gradient partition (stage3.py `grad_partitions_flat_buffer`; measured on the proxy).
     cpu = np.where(p.offload_optimizer, optimizer, 0.0)
     cpu = cpu + np.where(p.offload_optimizer & (p.zero_stage >= 2), 4.0 * psi / p.dp, 0.0)
     cpu = cpu + np.where(p.offload_params, params - pb * persistent, 0.0)
     optimizer = np.where(p.offload_optimizer, 0.0, optimizer)
-    grads = np.where(p.offload_optimizer & (p.zero_stage >= 2), 0.0, grads)
+    grads = np.where(p.offload_optimizer & (p.zero_stage == 2), 0.0, grads)
     params = np.where(p.offload_params, pb * persistent, params)
     return params, grads, optimizer, cpu
 
@@ -82,10 +84,12 @@ def _memory(model: ModelSpec, workload: Workload, p: PlanTable) -> tuple[_Memory
     stages = []
     for psi, micro_batches, is_last in ((first_psi, in_flight, p.pp == 1), (last_psi, 1, True)):
         params, grads, optimizer, cpu = _model_states(model, p, psi)
-        logits = np.where(is_last, tokens * mem.logits_bytes_per_token(model, p.tp, d), 0.0)
-        transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, p.tp, d), 0.0)
+        logits = np.where(is_last, tokens * mem.logits_bytes_per_token(model, d, s), 0.0)
+        transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, d), 0.0)
         buffers = pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
-        activations = tokens * per_layer * layers * micro_batches + recompute_peak
+        # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
+        # the peak holds one of the two, not both (measured on the proxy, tests/train).
+        activations = tokens * per_layer * layers * micro_batches + np.maximum(recompute_peak - logits, 0.0)
         stages.append(_Memory(params, grads, optimizer, activations, logits, buffers, cpu))
     return stages[0], stages[1]
 
@@ -114,8 +118,12 @@ def _times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTa
     bwd_work = 2 * gemm + (compute.ATTENTION_BACKWARD_RATIO if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
+    # Selective recompute re-runs each block's attention sub-block (projections and attention core).
+    attention_block = (
+        compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers + attention
+    )
     recompute = np.select(
-        [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, elementwise], 0.0
+        [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, attention_block], 0.0
     )
 
     # Tensor parallel: 2 all-reduces of the block's activations in forward, 2 in backward, 2 more when

@@ -1,0 +1,121 @@
+"""`python -m service proxy-run EXPERIMENT.yaml --tp T --pp P --zero Z ...`: one proxy trial on Ray.
+
+Runs on the Ray cluster at `--address` / `RAY_ADDRESS`, else on a local Ray started on 127.0.0.1.
+dp = workers / (tp·pp). Prints measured next to predicted, or the whole result as JSON with `--json`.
+Exit status: 0 when the trial ran (`ok`), 1 for `oom`, `invalid` or `failed` (the reason is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from pydantic import ValidationError
+
+from service.spec.experiment import load_experiment
+from service.spec.plan import Plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help="experiment YAML (its proxy section sets the scale)")
+    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel degree (AutoTP)")
+    parser.add_argument("--pp", type=int, required=True, help="pipeline stages")
+    parser.add_argument("--zero", type=int, required=True, choices=(0, 1, 2, 3), help="ZeRO stage")
+    parser.add_argument("--offload-optimizer", action="store_true", help="optimizer states and step on CPU")
+    parser.add_argument("--offload-params", action="store_true", help="parameters on CPU (ZeRO-3)")
+    parser.add_argument("--micro-batch", type=int, required=True, help="sequences per micro-batch per rank")
+    parser.add_argument("--grad-accum", type=int, required=True, help="micro-batches per optimizer step")
+    parser.add_argument("--recompute", required=True, choices=("none", "selective", "full"))
+    parser.add_argument(
+        "--precision",
+        choices=("bf16", "fp16", "fp32"),
+        default="bf16",
+        help="the plan's precision (a CPU proxy computes in proxy.precision)",
+    )
+    parser.add_argument("--workers", type=int, help="workers (default: proxy.num_workers)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default: proxy.steps)")
+    parser.add_argument("--checkpoint-every", type=int, help="checkpoint every K steps")
+    parser.add_argument("--inject-failure-at-step", type=int, help="kill one worker once at step K")
+    parser.add_argument("--storage-path", help="where checkpoints and the step log go (default: a temp dir)")
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _plan(args: argparse.Namespace, workers: int) -> Plan | str:
+    """The plan the flags describe, or why they describe none."""
+    if workers % (args.tp * args.pp):
+        return f"workers {workers} is not a multiple of tp·pp = {args.tp * args.pp}"
+    try:
+        return Plan(
+            dp=workers // (args.tp * args.pp),
+            tp=args.tp,
+            pp=args.pp,
+            zero_stage=args.zero,
+            offload_optimizer=args.offload_optimizer,
+            offload_params=args.offload_params,
+            micro_batch=args.micro_batch,
+            grad_accum=args.grad_accum,
+            recompute=args.recompute,
+            precision=args.precision,
+        )
+    except ValidationError as err:
+        return str(err.errors(include_url=False)[0]["msg"]).removeprefix("Value error, ")
+
+
+def _print_table(result: dict) -> None:  # type: ignore[type-arg]
+    print(f"status: {result['status']}" + (f" ({result['reason']})" if result["reason"] else ""))
+    print(f"plan: {Plan.model_validate(result['plan']).short()}   restarts: {result['restarts']}")
+    if result["losses"]:
+        print("losses: " + " ".join(f"{x:.4f}" for x in result["losses"]))
+    keys = (
+        "tokens_per_s",
+        "step_time_s",
+        "model_state_bytes_per_rank",
+        "activation_bytes_per_rank",
+        "peak_memory_bytes_per_rank",
+    )
+    print(f"{'':30s} {'measured':>14s} {'predicted':>14s}")
+    for k in keys:
+        m, p = result["measured"].get(k), result["predicted"].get(k)
+        print(f"{k:30s} {'' if m is None else f'{m:14.4g}':>14s} {'' if p is None else f'{p:14.4g}':>14s}")
+
+
+def run(args: argparse.Namespace) -> int:
+    experiment = load_experiment(args.experiment)
+    workers = args.workers or experiment.proxy.num_workers
+    if workers != experiment.proxy.num_workers:
+        proxy = experiment.proxy.model_copy(update={"num_workers": workers})
+        experiment = experiment.model_copy(update={"proxy": proxy})
+    if args.address:
+        os.environ["RAY_ADDRESS"] = args.address
+    plan = _plan(args, workers)
+    if isinstance(plan, str):
+        result = {
+            "status": "invalid",
+            "reason": plan,
+            "losses": [],
+            "restarts": 0,
+            "measured": {},
+            "predicted": {},
+            "plan": None,
+            "ds_config": {},
+        }
+        print(json.dumps(result) if args.json else f"status: invalid ({plan})")
+        return 1
+    from service.train.run import run_proxy
+
+    outcome = run_proxy(
+        experiment,
+        plan,
+        steps=args.steps,
+        checkpoint_every=args.checkpoint_every,
+        inject_failure_at_step=args.inject_failure_at_step,
+        storage_path=args.storage_path,
+    )
+    data = outcome.model_dump(mode="json")
+    if args.json:
+        print(json.dumps(data))
+    else:
+        _print_table(data)
+    return 0 if outcome.status == "ok" else 1

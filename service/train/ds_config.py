@@ -1,0 +1,118 @@
+"""Plan → DeepSpeed JSON config: the one function that decides how DeepSpeed runs a plan.
+
+Keys follow DeepSpeed's config reference (https://www.deepspeed.ai/docs/config-json/) for the installed
+0.19.8: `zero_optimization` (stage, offload_optimizer, offload_param), `tensor_parallel.autotp_size`
+(AutoTP training), `bf16` / `fp16`, `gradient_clipping`, `activation_checkpointing`.
+Pipeline parallelism is not a config key: the worker wraps the model in `deepspeed.pipe.PipelineModule`
+with `num_stages=plan.pp`; the config only carries the batch split the pipeline engine reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.spec.plan import Plan
+from service.spec.proxy import ProxySpec
+
+# Small proxies have small tensors; DeepSpeed's defaults assume billions of parameters.
+# ZeRO-3 keeps any parameter below `stage3_param_persistence_threshold` (default 1e5 elements) whole on
+# every rank, which on a 128-wide proxy is *every* parameter: 0 makes ZeRO-3 partition all of them,
+# as it would at production scale where every matrix is far above the threshold.
+_BUCKET_ELEMENTS = 50_000_000
+GRADIENT_CLIPPING = 1.0
+LEARNING_RATE = 3e-4
+
+
+def proxy_precision(plan: Plan, proxy: ProxySpec) -> str:
+    """Precision the proxy computes in.
+
+    A CPU proxy runs `proxy.precision` (fp32 by default: CPU bf16 GEMMs are slow and fp16 is not
+    supported by DeepSpeed's CPU accelerator); a CUDA proxy runs the plan's own precision, as production.
+    """
+    return proxy.precision if proxy.device == "cpu" else plan.precision
+
+
+def _zero_section(plan: Plan) -> dict[str, Any]:
+    zero: dict[str, Any] = {
+        "stage": plan.zero_stage,
+        "contiguous_gradients": True,
+        "overlap_comm": False,  # overlap needs CUDA streams; off keeps CPU and GPU proxies alike
+        "reduce_bucket_size": _BUCKET_ELEMENTS,
+        "allgather_bucket_size": _BUCKET_ELEMENTS,
+    }
+    if plan.zero_stage == 3:
+        zero.update(
+            {
+                "stage3_param_persistence_threshold": 0,
+                "stage3_model_persistence_threshold": 0,
+                "stage3_prefetch_bucket_size": _BUCKET_ELEMENTS,
+                "stage3_max_live_parameters": _BUCKET_ELEMENTS,
+                "stage3_max_reuse_distance": _BUCKET_ELEMENTS,
+            }
+        )
+    if plan.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if plan.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    return zero
+
+
+def _optimizer_section(plan: Plan) -> dict[str, Any]:
+    """AdamW. With optimizer offload DeepSpeed swaps in DeepSpeedCPUAdam (a JIT-built C++ op); without,
+    `torch_adam` makes it torch's AdamW rather than DeepSpeed's FusedAdam, whose CUDA kernel would have to
+    be compiled (nvcc) on the GPU machine first. Same state (two fp32 moments), same update rule."""
+    params: dict[str, Any] = {"lr": LEARNING_RATE, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+    if plan.offload_optimizer:
+        params["adam_w_mode"] = True  # DeepSpeedCPUAdam's decoupled weight decay
+    else:
+        params["torch_adam"] = True
+    return {"type": "AdamW", "params": params}
+
+
+def deepspeed_config(plan: Plan, proxy: ProxySpec, bf16_supported: bool = True) -> dict[str, Any]:
+    """The DeepSpeed config that runs `plan` at proxy scale.
+
+    Args:
+        plan: the parallel layout; dp·tp·pp must equal the world size the config is used with.
+        proxy: the proxy settings (precision, device).
+        bf16_supported: whether the device can compute in bf16 (a CUDA worker passes
+            `torch.cuda.is_bf16_supported()`); a bf16 plan falls back to fp16 when it cannot.
+
+    `train_batch_size` = micro_batch · grad_accum · dp: DeepSpeed checks this identity at start-up
+    (except with AutoTP, see below).
+    Activation checkpointing for `full`/`selective` is applied to the model by the worker
+    (service.train.model); the `activation_checkpointing` section configures DeepSpeed's own
+    checkpoint function, which the pipeline engine uses.
+    """
+    precision = proxy_precision(plan, proxy)
+    if precision == "bf16" and not bf16_supported:
+        precision = "fp16"
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "gradient_clipping": GRADIENT_CLIPPING,
+        "optimizer": _optimizer_section(plan),
+        "zero_optimization": _zero_section(plan),
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12, "loss_scale_window": 100},
+        "steps_per_print": 10**9,  # the worker reports every step itself
+        "wall_clock_breakdown": False,
+        "seed": proxy.seed,
+    }
+    if plan.zero_stage > 0 and precision == "fp32":
+        # ZeRO 1-2 refuse an fp32 model with a "client optimizer" check unless this is set.
+        config["zero_allow_untested_optimizer"] = True
+    if plan.tp > 1:
+        # DeepSpeed checks train_batch_size against the *world* size before AutoTP forms its
+        # data-parallel groups, so with tp > 1 it is left for DeepSpeed to derive (as in its AutoTP
+        # tutorial); the data loader still shards by the data-parallel rank.
+        config["tensor_parallel"] = {"autotp_size": plan.tp}
+    else:
+        config["train_batch_size"] = plan.micro_batch * plan.grad_accum * plan.dp
+    if plan.recompute != "none":
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    return config

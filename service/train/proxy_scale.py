@@ -1,0 +1,100 @@
+"""The production experiment scaled down to a proxy run, and the cost model's prediction for it.
+
+A proxy keeps the plan's shape (dp, tp, pp, ZeRO, offload, batch split, recompute) and the model's
+architecture, with fewer layers (and optionally narrower) on `proxy.num_workers` devices, so that the
+planner's prediction and the proxy's measurement describe the same run.
+"""
+
+from __future__ import annotations
+
+from service.spec.experiment import ExperimentSpec
+from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
+from service.spec.plan import Plan, plan_problem
+from service.spec.workload import Workload
+from service.train.ds_config import proxy_precision
+
+PREDICTED_KEYS = (
+    "predicted_tokens_per_s",
+    "predicted_step_time_s",
+    "predicted_model_state_bytes_per_rank",
+    "predicted_activation_bytes_per_rank",
+    "predicted_peak_memory_bytes_per_rank",
+    "predicted_fits",
+)
+
+
+def proxy_model(experiment: ExperimentSpec) -> ModelSpec:
+    """The production model with `proxy.num_layers` layers, widths divided by `proxy.hidden_scale`."""
+    proxy = experiment.proxy
+    model = experiment.model.scaled(num_layers=proxy.num_layers, hidden_scale=proxy.hidden_scale)
+    if proxy.vocab_size is not None:
+        model = ModelSpec.model_validate({**model.model_dump(), "vocab_size": proxy.vocab_size})
+    return model
+
+
+def proxy_cluster(experiment: ExperimentSpec, num_workers: int | None = None) -> ClusterSpec:
+    """One node of `num_workers` devices: the catalog's `cpu` on CPU proxies, else the production GPU."""
+    workers = num_workers or experiment.proxy.num_workers
+    gpu = "cpu" if experiment.proxy.device == "cpu" else experiment.cluster.gpu
+    return ClusterSpec(gpu=gpu, num_nodes=1, gpus_per_node=workers)  # type: ignore[arg-type]
+
+
+def proxy_seq_len(experiment: ExperimentSpec) -> int:
+    return experiment.proxy.seq_len or experiment.workload.seq_len
+
+
+def proxy_workload(experiment: ExperimentSpec, plan: Plan) -> Workload:
+    """The proxy's step: `plan.micro_batch·grad_accum·dp` sequences of the proxy sequence length."""
+    seq_len = proxy_seq_len(experiment)
+    steps = experiment.proxy.steps
+    return Workload(
+        seq_len=seq_len,
+        global_batch_sequences=plan.sequences_per_step,
+        tokens_to_train=float(plan.sequences_per_step * seq_len * steps),
+    )
+
+
+def proxy_plan(experiment: ExperimentSpec, plan: Plan) -> Plan:
+    """`plan` with the precision the proxy actually computes in (see `ds_config.proxy_precision`)."""
+    return plan.model_copy(update={"precision": proxy_precision(plan, experiment.proxy)})
+
+
+def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
+    """Why `plan` cannot run at proxy scale (one line), or None. The rules are `plan_problem`'s."""
+    cluster = proxy_cluster(experiment, plan.num_gpus)
+    if plan.num_gpus != experiment.proxy.num_workers:
+        return f"dp·tp·pp = {plan.num_gpus} but the proxy has {experiment.proxy.num_workers} workers"
+    problem = plan_problem(plan, proxy_model(experiment), cluster, proxy_workload(experiment, plan))
+    if problem:
+        return f"{problem[0]}: {problem[1]}"
+    if experiment.model.mlp != "swiglu":
+        return "model.mlp: the proxy is a Llama model (swiglu); gelu models have no proxy"
+    return None
+
+
+def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
+    """The cost model's answer for the proxy run of `plan`, per rank (the busiest: pipeline stage 0).
+
+    Model state = params + grads + optimizer + cpu_offload (everything the rank holds for the model,
+    wherever it lives: the measurement counts host and device alike). Activations = activations +
+    logits (every tensor saved for backward, the loss's included). Peak = the estimate's total.
+    """
+    from service.costmodel import estimate
+
+    est = estimate(
+        proxy_model(experiment),
+        proxy_cluster(experiment, plan.num_gpus),
+        proxy_plan(experiment, plan),
+        proxy_workload(experiment, plan),
+        memory_headroom=experiment.budget.memory_headroom,
+    )
+    mem = est.memory_per_gpu_bytes
+    return {
+        "predicted_tokens_per_s": est.tokens_per_s,
+        "predicted_step_time_s": est.step_time_s,
+        "predicted_model_state_bytes_per_rank": mem.params + mem.grads + mem.optimizer + mem.cpu_offload,
+        "predicted_activation_bytes_per_rank": mem.activations + mem.logits,
+        "predicted_peak_memory_bytes_per_rank": mem.total,
+        "predicted_fits": float(est.fits),
+    }

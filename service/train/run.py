@@ -1,0 +1,246 @@
+"""`run_proxy`: one proxy trial end to end (check, predict, train on Ray, collect), never raising for a
+failed trial; `classify_failure` turns whatever a trial died of into ok/oom/invalid/failed and one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.spec.experiment import ExperimentSpec
+from service.spec.plan import Plan
+from service.train.ds_config import deepspeed_config
+from service.train.proxy_scale import predict_proxy, proxy_plan, proxy_plan_problem
+from service.train.worker import LOG_FILE
+
+Status = Literal["ok", "oom", "invalid", "failed"]
+SUMMARY_KEYS = (
+    "tokens_per_s",
+    "step_time_s",
+    "model_state_bytes_per_rank",
+    "activation_bytes_per_rank",
+    "peak_memory_bytes_per_rank",
+)
+
+_OOM = re.compile(
+    r"out of memory|OutOfMemoryError|can't allocate memory|Cannot allocate memory|MemoryError|bad_alloc|"
+    r"\bOOM\b|memory limit",
+    re.IGNORECASE,
+)
+_RAISED = re.compile(
+    r"^[\w.]*(Error|Exception|Exit|Interrupt)\b(: |$)"
+)  # "RuntimeError: ...", not "Error Snippet"
+_TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded", re.IGNORECASE)
+_INVALID = re.compile(
+    r"not supported|unsupported|is not divisible|must be divisible|Check batch related", re.I
+)
+
+
+class ProxyResult(BaseModel):
+    """What one proxy trial measured, next to what the planner predicted for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Status
+    reason: str = ""
+    losses: list[float] = Field(default_factory=list, description="Loss of every step, in order.")
+    restarts: int = Field(0, description="Times Ray Train restarted the workers from a checkpoint.")
+    measured: dict[str, float] = Field(default_factory=dict)
+    predicted: dict[str, float] = Field(default_factory=dict)
+    plan: Plan
+    precision: str = Field("", description="What the proxy computed in (a CPU proxy: proxy.precision).")
+    ds_config: dict[str, Any] = Field(default_factory=dict)
+    run_dir: str = ""
+    submit_to_first_step_s: float | None = Field(None, description="From fit() to the first step's end.")
+    wall_s: float = 0.0
+
+
+def _one_line(text: str, pattern: re.Pattern[str] | None = None) -> str:
+    """The line of `text` that says the most: the last matching `pattern`, else the last non-empty one."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    hits = [ln for ln in lines if pattern and pattern.search(ln)]
+    return (hits[-1] if hits else lines[-1])[:400]
+
+
+def classify_failure(error: BaseException | str) -> tuple[str, str]:
+    """("oom" | "failed" | "invalid", one-line reason) for what a trial raised.
+
+    Ray wraps a worker's exception in its own (the worker traceback is in the message), so the text,
+    causes included, is searched: memory errors are `oom`; DeepSpeed refusing a configuration is
+    `invalid`; everything else (a collective timing out, a crash) is `failed`.
+    """
+    parts = [str(error)]
+    if isinstance(error, BaseException):
+        parts.insert(0, type(error).__name__)
+        cause = error.__cause__ or error.__context__
+        while cause is not None and len(parts) < 10:
+            parts += [type(cause).__name__, str(cause)]
+            cause = cause.__cause__ or cause.__context__
+    text = "\n".join(parts)
+    if _OOM.search(text):
+        return "oom", _one_line(text, _OOM)
+    if _TIMEOUT.search(text):
+        return "failed", "collective timed out: " + _one_line(text, _TIMEOUT)
+    if _INVALID.search(text):
+        return "invalid", _one_line(text, _INVALID)
+    return "failed", _one_line(text, _RAISED)
+
+
+def read_log(run_dir: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """Steps logged by rank 0 (the last record of each step: a resumed run repeats steps) and restarts."""
+    path = Path(run_dir) / LOG_FILE
+    if not path.exists():
+        return [], 0
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    starts = sum(r["event"] == "start" for r in records)
+    steps: dict[int, dict[str, Any]] = {}
+    for r in records:
+        if r["event"] == "step":
+            steps[int(r["step"])] = r
+    return [steps[k] for k in sorted(steps)], max(starts - 1, 0)
+
+
+def _summaries(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    measured = {k.removeprefix("measured_"): v for k, v in metrics.items() if k.startswith("measured_")}
+    for k in ("tokens_per_s", "step_time_s", "samples_per_s"):
+        if k in metrics:
+            measured[k] = metrics[k]
+    predicted = {k.removeprefix("predicted_"): v for k, v in metrics.items() if k.startswith("predicted_")}
+    return measured, predicted
+
+
+def _free_local_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_ray(num_cpus: int) -> None:
+    """Connects to RAY_ADDRESS if set, else starts a local Ray bound to 127.0.0.1 (once per process).
+
+    The local Ray's own processes get RAY_ADDRESS pointing at it. Without that, Ray Train's
+    placement-group cleaner (it asks the State API whether the trial's controller is alive) finds "the
+    latest Ray started with `ray start`" on a shared machine, i.e. someone else's cluster, does not see
+    our controller there and removes our running trial's placement group, killing its workers.
+    """
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"])
+        return
+    port = _free_local_port()
+    previous = os.environ.get("RAY_GCS_SERVER_PORT")
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port)  # read by Ray's node start-up (ray/_private/node.py)
+    try:
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            runtime_env={"env_vars": {"RAY_ADDRESS": f"127.0.0.1:{port}"}},
+        )
+    finally:
+        if previous is None:
+            os.environ.pop("RAY_GCS_SERVER_PORT", None)
+        else:
+            os.environ["RAY_GCS_SERVER_PORT"] = previous
+
+
+def _safe_name(plan: Plan) -> str:
+    return "proxy-" + re.sub(r"[^A-Za-z0-9_.-]", "_", plan.short()) + time.strftime("-%Y%m%d-%H%M%S")
+
+
+def run_proxy(
+    experiment: ExperimentSpec,
+    plan: Plan,
+    *,
+    steps: int | None = None,
+    checkpoint_every: int | None = None,
+    inject_failure_at_step: int | None = None,
+    storage_path: str | None = None,
+    run_name: str | None = None,
+    max_failures: int | None = None,
+    stall: dict[str, float] | None = None,
+) -> ProxyResult:
+    """Runs `plan` at proxy scale on Ray and returns what it measured; never raises for a failed trial.
+
+    With `inject_failure_at_step` the trial gets one restart (`max_failures` defaults to 1 then, else
+    0) and a checkpoint every step unless `checkpoint_every` says otherwise.
+    """
+    from service.train.trainer import build_trainer
+
+    started = time.time()
+    base = ProxyResult(status="invalid", plan=plan)
+    problem = proxy_plan_problem(experiment, plan)
+    if problem:
+        return base.model_copy(update={"reason": problem})
+    ds_config = deepspeed_config(proxy_plan(experiment, plan), experiment.proxy)
+    try:
+        predicted = predict_proxy(experiment, plan)
+    except Exception as err:  # the measurement still has value without the model's side
+        predicted = {}
+        base = base.model_copy(update={"reason": f"no prediction: {type(err).__name__}: {err}"})
+    if inject_failure_at_step is not None:
+        checkpoint_every = 1 if checkpoint_every is None else checkpoint_every
+        max_failures = 1 if max_failures is None else max_failures
+    storage_path = storage_path or tempfile.mkdtemp(prefix="proxy-runs-")
+    run_name = run_name or _safe_name(plan)
+    ensure_ray(num_cpus=max(2, plan.num_gpus))
+    trainer = build_trainer(
+        experiment,
+        plan,
+        run_name=run_name,
+        storage_path=storage_path,
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+        inject_failure_at_step=inject_failure_at_step,
+        max_failures=max_failures or 0,
+        stall=stall,
+    )
+    status, reason = "ok", base.reason
+    fit_start = time.time()
+    try:
+        trainer.fit()
+    except Exception as err:  # a failed trial is a result, not an exception (Ray wraps the worker's)
+        status, reason = classify_failure(err)
+    result = _result_from_log(Path(storage_path) / run_name, fit_start)
+    return result.model_copy(
+        update={
+            "status": status,
+            "reason": reason,
+            "predicted": {k.removeprefix("predicted_"): v for k, v in predicted.items()} or result.predicted,
+            "plan": plan,
+            "precision": proxy_plan(experiment, plan).precision,
+            "ds_config": ds_config,
+            "wall_s": time.time() - started,
+        }
+    )
+
+
+def _result_from_log(run_dir: Path, fit_start: float) -> ProxyResult:
+    """Losses, restarts and the last step's measurements, from rank 0's step log."""
+    records, restarts = read_log(run_dir)
+    measured, predicted = _summaries(records[-1].get("metrics", {}) if records else {})
+    return ProxyResult(
+        status="ok",
+        plan=Plan(),
+        losses=[float(r["loss"]) for r in records],
+        restarts=restarts,
+        measured=measured,
+        predicted=predicted,
+        run_dir=str(run_dir),
+        submit_to_first_step_s=(records[0]["time"] - fit_start) if records else None,
+    )

@@ -1,0 +1,130 @@
+"""`build_trainer`: a Ray Train (V2) `TorchTrainer` that runs one plan at proxy scale.
+
+A trainer with the same `run_name` and `storage_path` as an earlier one resumes from that run's latest
+checkpoint (Ray Train V2 keeps the checkpoint list in the run's storage folder), and a worker that dies
+is restarted from the latest checkpoint up to `max_failures` times.
+
+Example:
+    >>> trainer = build_trainer(load_experiment("experiments/tiny-cpu.yaml"),
+    ...                         Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
+    ...                         run_name="z1", storage_path="/tmp/proxy")  # doctest: +SKIP
+    >>> trainer.fit()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from service.spec.experiment import ExperimentSpec
+from service.spec.plan import Plan
+from service.train.proxy_scale import predict_proxy, proxy_model, proxy_plan, proxy_seq_len
+from service.train.worker import WorkerConfig, train_loop_per_worker
+
+
+def worker_config(
+    experiment: ExperimentSpec,
+    plan: Plan,
+    *,
+    run_dir: str,
+    steps: int | None = None,
+    checkpoint_every: int | None = None,
+    inject_failure_at_step: int | None = None,
+    predicted: dict[str, float] | None = None,
+    stall: dict[str, float] | None = None,
+) -> WorkerConfig:
+    """What every worker of the trial receives (also what the torchrun launcher reads)."""
+    proxy = experiment.proxy
+    return WorkerConfig(
+        model=proxy_model(experiment),
+        plan=proxy_plan(experiment, plan),
+        proxy=proxy,
+        seq_len=proxy_seq_len(experiment),
+        steps=steps or proxy.steps,
+        checkpoint_every=proxy.checkpoint_every if checkpoint_every is None else checkpoint_every,
+        inject_failure_at_step=inject_failure_at_step,
+        run_dir=run_dir,
+        predicted=predicted if predicted is not None else _prediction_or_empty(experiment, plan),
+        stall=stall,
+    )
+
+
+def _prediction_or_empty(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
+    """The cost model's numbers; NaN for each when it cannot predict this plan (the run still goes on)."""
+    try:
+        return predict_proxy(experiment, plan)
+    except Exception:  # a prediction is a side-by-side, never a reason to skip a measurement
+        from service.train.proxy_scale import PREDICTED_KEYS
+
+        return dict.fromkeys(PREDICTED_KEYS, math.nan)
+
+
+# Ray Train V2's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s) and
+# each worker's result queue holds one report, so a worker reporting every step blocks in
+# `ray.train.report` until the next poll: steps shorter than 2 s would run at one per 2 s. Proxy steps
+# are often sub-second; 0.1 s polls cost the controller little. A value the user set is kept.
+CONTROLLER_POLL_INTERVAL_S = 0.1
+
+
+def build_trainer(
+    experiment: ExperimentSpec,
+    plan: Plan,
+    *,
+    run_name: str,
+    storage_path: str,
+    steps: int | None = None,
+    checkpoint_every: int | None = None,
+    inject_failure_at_step: int | None = None,
+    max_failures: int = 0,
+    callbacks: Sequence[Any] = (),
+    stall: dict[str, float] | None = None,
+) -> Any:
+    """A `TorchTrainer` with `plan.num_gpus` workers running `train_loop_per_worker`.
+
+    Args:
+        experiment: the experiment; its `proxy` section sets the scale, device and limits.
+        plan: the layout to run (dp·tp·pp workers).
+        run_name, storage_path: where Ray Train keeps checkpoints; the same pair resumes.
+        steps: optimizer steps (default `proxy.steps`).
+        checkpoint_every: save every K steps (default `proxy.checkpoint_every`; 0 = never).
+        inject_failure_at_step: kill one worker once at this step (a marker file makes it once).
+        max_failures: restarts from the latest checkpoint that Ray Train may make.
+        callbacks: Ray Train `UserCallback`s (e.g. Tune's `TuneReportCallback`).
+        stall: test hook, see `WorkerConfig.stall`.
+    """
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(CONTROLLER_POLL_INTERVAL_S))
+    run_dir = Path(storage_path) / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = worker_config(
+        experiment,
+        plan,
+        run_dir=str(run_dir),
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+        inject_failure_at_step=inject_failure_at_step,
+        stall=stall,
+    )
+    use_gpu = experiment.proxy.device == "cuda"
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=config.model_dump(mode="json"),
+        torch_config=TorchConfig(
+            backend="nccl" if use_gpu else "gloo",
+            timeout_s=max(1, math.ceil(experiment.proxy.collective_timeout_s)),
+        ),
+        scaling_config=ScalingConfig(
+            num_workers=plan.num_gpus, use_gpu=use_gpu, resources_per_worker={"CPU": 1}
+        ),
+        run_config=RunConfig(
+            name=run_name,
+            storage_path=storage_path,
+            callbacks=list(callbacks),
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    )

@@ -1,0 +1,346 @@
+"""The per-worker training loop: builds the proxy model under DeepSpeed, trains, measures, checkpoints.
+
+`train_loop_per_worker(config)` is what Ray Train runs on every worker; `run_worker(config, reporter)`
+is the same loop for any launcher (the torchrun benchmark and the GPU check use it without Ray).
+`config` is a `WorkerConfig` dumped to a dict (Ray sends it to each worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from service.spec.model import ModelSpec
+from service.spec.plan import Plan
+from service.spec.proxy import ProxySpec
+from service.train import checkpoint, measure
+from service.train.data import ShardedLoader, token_source
+from service.train.ds_config import deepspeed_config
+from service.train.model import apply_recompute, build_causal_lm, build_pipeline, forward_loss
+
+FAILURE_MARKER = "injected_failure.done"
+LOG_FILE = "proxy_log.jsonl"
+
+
+class WorkerConfig(BaseModel):
+    """Everything a worker needs, sent by the driver."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSpec
+    plan: Plan
+    proxy: ProxySpec
+    seq_len: int
+    steps: int
+    checkpoint_every: int = 0
+    inject_failure_at_step: int | None = None
+    run_dir: str  # shared directory for the step log and the failure marker
+    predicted: dict[str, float] = {}
+    stall: dict[str, float] | None = None  # test hook: {"rank", "step", "seconds"}: that rank sleeps there
+
+
+# A reporter takes (metrics, checkpoint directory or None) and returns nothing.
+Reporter = Callable[[dict[str, float], str | None], None]
+
+
+def apply_collective_timeout(timeout_s: float) -> None:
+    """Makes every process group time out after `timeout_s`, DeepSpeed's subgroups included.
+
+    `torch.distributed.new_group(timeout=None)` falls back to the module default (30 min for gloo,
+    10 min for nccl) rather than the world group's timeout, and DeepSpeed creates its data/model-parallel
+    groups that way; setting the defaults is the one place that covers all of them.
+    """
+    from torch.distributed import distributed_c10d
+
+    timeout = timedelta(seconds=timeout_s)
+    distributed_c10d.default_pg_timeout = timeout  # type: ignore[attr-defined]
+    if hasattr(distributed_c10d, "default_pg_nccl_timeout"):
+        distributed_c10d.default_pg_nccl_timeout = timeout
+
+
+def cap_memory(limit_gib: float | None, device: torch.device) -> None:
+    """Caps what this worker may allocate from now on, so that an oversized plan fails with an OOM error.
+
+    CUDA: `torch.cuda.set_per_process_memory_fraction` (the allocator raises `OutOfMemoryError`).
+    CPU: RLIMIT_AS = current address space + limit, i.e. the process may map `limit` more bytes than it
+    had after start-up (Python, Ray, torch and DeepSpeed already loaded); allocations past that fail
+    with "can't allocate memory".
+    """
+    if limit_gib is None:
+        return
+    limit = int(limit_gib * 2**30)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        return
+    import resource
+
+    with open(f"/proc/{os.getpid()}/status") as f:
+        vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    cap = vm_kib * 1024 + limit
+    resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def _device(proxy: ProxySpec) -> torch.device:
+    if proxy.device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str, Any]]:
+    """DeepSpeed engine for the plan: a PipelineEngine when pp > 1, else an engine around the HF model."""
+    import deepspeed
+
+    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    ds_config = deepspeed_config(cfg.plan, cfg.proxy, bf16_supported=bf16_ok)
+    dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
+    dtype = torch.float16 if ds_config["fp16"]["enabled"] else dtype
+    if cfg.plan.pp > 1:
+        model = build_pipeline(cfg.model, cfg.proxy.seed, cfg.plan.pp, cfg.plan.recompute, dtype)
+    else:
+        model = build_causal_lm(cfg.model, cfg.proxy.seed, dtype, device)
+        apply_recompute(model, cfg.plan.recompute)
+    model = model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
+    return engine, ds_config
+
+
+def data_parallel_rank(engine: Any) -> tuple[int, int]:
+    """(rank, size) of this worker in its data-parallel group (TP and PP peers share a rank)."""
+    import torch.distributed as dist
+
+    group = engine.data_parallel_group if hasattr(engine, "data_parallel_group") else None
+    return dist.get_rank(group=group), dist.get_world_size(group=group)
+
+
+def _train_step(
+    engine: Any, loader: ShardedLoader, cfg: WorkerConfig, meter: measure.ActivationMeter
+) -> float:
+    """One optimizer step (grad_accum micro-batches); returns the mean loss over its micro-batches."""
+    with meter:
+        if cfg.plan.pp > 1:
+            return float(engine.train_batch(data_iter=loader))
+        total = 0.0
+        for _ in range(cfg.plan.grad_accum):
+            batch = loader.next_micro_batch().to(engine.device)
+            loss = forward_loss(engine, batch)
+            engine.backward(loss)
+            engine.step()
+            total += float(loss.detach())
+        return total / cfg.plan.grad_accum
+
+
+def _mean_over_ranks(value: float) -> float:
+    """Loss averaged over all ranks (data-parallel replicas see different data), identical on every rank."""
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+class _StateProbe:
+    """Reads model-state bytes at the two moments of an armed step when they peak, and keeps the larger
+    of each class: just before ZeRO-1/2 reduce the accumulated full gradients into partitions
+    (`reduce_gradients`, at the accumulation boundary; ZeRO-1 holds full gradients until then), and just
+    before the optimizer step (partitioned gradients, fp32 master copies and moments all alive)."""
+
+    def __init__(self, engine: Any):
+        self.engine, self.armed = engine, False
+        self.bytes = dict.fromkeys((*measure.STATE_CLASSES, "model_state"), 0)
+        self.detail: dict[str, int] = {}
+        optimizer = engine.optimizer
+        self._wrap(optimizer, "step", disarm=True)
+        if hasattr(optimizer, "reduce_gradients"):
+            self._wrap(optimizer, "reduce_gradients", disarm=False)
+
+    def _read(self) -> None:
+        detail: dict[str, int] = {}
+        now = measure.model_state_bytes(self.engine.module, self.engine.optimizer, detail)
+        self.bytes = {k: max(v, self.bytes.get(k, 0)) for k, v in now.items() if k != "model_state"}
+        self.bytes["model_state"] = sum(self.bytes[c] for c in ("params", "grads", "optimizer", "master"))
+        for k, v in detail.items():
+            self.detail[k] = max(v, self.detail.get(k, 0))
+
+    def _wrap(self, optimizer: Any, name: str, disarm: bool) -> None:
+        inner = getattr(optimizer, name)
+
+        def probed(*args: Any, **kwargs: Any) -> Any:
+            if self.armed:
+                self._read()
+                self.armed = not disarm
+            return inner(*args, **kwargs)
+
+        setattr(optimizer, name, probed)
+
+
+def _process_start_time() -> float:
+    """When this process was started (Linux /proc), to split start-up time into launch and set-up."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return float("nan")
+
+
+def _log(run_dir: str, record: dict[str, Any]) -> None:
+    with open(Path(run_dir) / LOG_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _maybe_fail(cfg: WorkerConfig, step: int, rank: int, world: int) -> None:
+    """Kills this process once at `inject_failure_at_step` (the last rank; the marker makes it once)."""
+    if cfg.inject_failure_at_step != step or rank != world - 1:
+        return
+    marker = Path(cfg.run_dir) / FAILURE_MARKER
+    if marker.exists():
+        return
+    marker.write_text(f"killed rank {rank} at step {step}\n")
+    os._exit(17)
+
+
+def _maybe_stall(cfg: WorkerConfig, step: int, rank: int) -> None:
+    if cfg.stall and int(cfg.stall["rank"]) == rank and int(cfg.stall["step"]) == step:
+        time.sleep(cfg.stall["seconds"])
+
+
+def _metrics(
+    cfg: WorkerConfig,
+    step: int,
+    loss: float,
+    times: list[float],
+    probe: _StateProbe,
+    meter: measure.ActivationMeter,
+    device: torch.device,
+) -> dict[str, float]:
+    warm = times[cfg.proxy.warmup_steps :] or times
+    step_time_s = sum(warm) / len(warm)
+    samples = cfg.plan.sequences_per_step
+    out = {
+        "step": float(step),
+        "loss": loss,
+        "step_time_s": step_time_s,
+        "tokens_per_s": samples * cfg.seq_len / step_time_s,
+        "samples_per_s": samples / step_time_s,
+        "measured_model_state_bytes_per_rank": float(probe.bytes["model_state"]),
+        "measured_activation_bytes_per_rank": float(meter.peak_bytes),
+        "measured_peak_memory_bytes_per_rank": float(measure.peak_memory_bytes(device)),
+        "done": float(step == cfg.steps),
+    }
+    out.update(
+        {f"measured_{k}_bytes_per_rank": float(v) for k, v in probe.bytes.items() if k != "model_state"}
+    )
+    out.update(cfg.predicted)
+    return out
+
+
+def _detail(cfg: WorkerConfig, probe: _StateProbe, meter: measure.ActivationMeter) -> dict[str, Any]:
+    """What rank 0 holds, by source (model state) and by module (saved activations per micro-batch)."""
+    micro_batches = cfg.plan.grad_accum
+    by_module = sorted(meter.by_module.items(), key=lambda kv: -kv[1])
+    return {
+        "model_state_by_source": probe.detail,
+        "activation_bytes_by_module_per_micro_batch": {k: v / micro_batches for k, v in by_module},
+    }
+
+
+def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | None = None) -> list[float]:
+    """Trains `config["steps"]` steps (from `resume_dir`'s step if given), reporting each; returns losses."""
+    import deepspeed
+    import torch.distributed as dist
+
+    cfg = WorkerConfig.model_validate(config)
+    device = _device(cfg.proxy)
+    apply_collective_timeout(cfg.proxy.collective_timeout_s)
+    phases = {"process_start": _process_start_time(), "worker_enter": time.time()}
+    import transformers.models.llama.modeling_llama  # noqa: F401  (timed here, used by build_engine)
+
+    phases["imports_done"] = time.time()
+    # Under Ray (or any launcher that made the process group) DeepSpeed adopts the existing group;
+    # it must still be told, or `deepspeed.comm` (used by PipelineModule) has no backend.
+    deepspeed.init_distributed(
+        dist_backend="nccl" if device.type == "cuda" else "gloo",
+        timeout=timedelta(seconds=cfg.proxy.collective_timeout_s),
+    )
+    phases["distributed_ready"] = time.time()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seed_everything(cfg.proxy.seed)
+    cap_memory(cfg.proxy.memory_limit_gib, device)
+    measure.reset_peak_memory(device)
+    engine, _ = build_engine(cfg, device)
+    phases["engine_ready"] = time.time()
+    dp_rank, dp_size = data_parallel_rank(engine)
+    source = token_source(cfg.proxy.data, cfg.model.vocab_size, cfg.seq_len, cfg.proxy.seed)
+    loader = ShardedLoader(source, dp_rank, dp_size, cfg.plan.micro_batch)
+    start = 0
+    if resume_dir is not None:
+        state = checkpoint.load(engine, resume_dir, rank)
+        loader.load_state_dict(state["data"])
+        start = state["step"]
+    if rank == 0:
+        _log(cfg.run_dir, {"event": "start", "step": start, "time": time.time(), "phases": phases})
+    probe, meter = _StateProbe(engine), measure.ActivationMeter(engine.module)
+    times: list[float] = []
+    losses: list[float] = []
+    for step in range(start + 1, cfg.steps + 1):
+        _maybe_fail(cfg, step, rank, world)
+        _maybe_stall(cfg, step, rank)
+        probe.armed = meter.tally = step == min(start + 2, cfg.steps)  # optimizer states exist after step 1
+        t0 = time.perf_counter()
+        loss = _mean_over_ranks(_train_step(engine, loader, cfg, meter))
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        metrics = _metrics(cfg, step, loss, times, probe, meter, device)
+        if rank == 0:
+            record = {"event": "step", "step": step, "loss": loss, "time": time.time(), "metrics": metrics}
+            if meter.tally:
+                record["detail"] = _detail(cfg, probe, meter)
+            _log(cfg.run_dir, record)
+        meter.tally = False
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            with tempfile.TemporaryDirectory(prefix="proxy-ckpt-") as tmp:
+                checkpoint.save(engine, tmp, step, rank, loader.state_dict())
+                reporter(metrics, tmp)
+        else:
+            reporter(metrics, None)
+    return losses
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Ray Train (V2) entry point: resumes from `ray.train.get_checkpoint()` when there is one."""
+    import ray.train
+
+    def report(metrics: dict[str, float], directory: str | None) -> None:
+        ckpt = ray.train.Checkpoint.from_directory(directory) if directory else None
+        ray.train.report(metrics, checkpoint=ckpt)
+
+    latest = ray.train.get_checkpoint()
+    if latest is None:
+        run_worker(config, report)
+        return
+    with latest.as_directory() as directory:
+        run_worker(config, report, resume_dir=directory)

@@ -1,0 +1,71 @@
+"""`python -m service proxy-run`: the issue's command end to end, invalid flags, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from service.cli.main import main
+
+EXP = "experiments/tiny-cpu.yaml"
+PLAN = [
+    "--tp",
+    "1",
+    "--pp",
+    "1",
+    "--zero",
+    "1",
+    "--micro-batch",
+    "2",
+    "--grad-accum",
+    "2",
+    "--recompute",
+    "none",
+]
+SUMMARY = {
+    "tokens_per_s",
+    "model_state_bytes_per_rank",
+    "activation_bytes_per_rank",
+    "peak_memory_bytes_per_rank",
+}
+
+
+@pytest.fixture
+def own_ray():
+    yield
+    import ray
+
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_issue_command_runs_a_trial_and_prints_json(capsys, own_ray, tmp_path):
+    code = main(["proxy-run", EXP, *PLAN, "--steps", "2", "--storage-path", str(tmp_path), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0, data["reason"]
+    assert data["status"] == "ok" and data["restarts"] == 0
+    assert len(data["losses"]) == 2 and all(5.0 < x < 7.5 for x in data["losses"])
+    assert set(data["measured"]) >= SUMMARY and set(data["predicted"]) >= SUMMARY
+    assert data["measured"]["model_state_bytes_per_rank"] > 0
+    assert data["ds_config"]["zero_optimization"]["stage"] == 1
+    assert data["plan"]["dp"] == 2  # 2 workers / (tp·pp)
+
+
+def test_plan_deepspeed_cannot_run_is_invalid_not_a_crash(capsys):
+    code = main(["proxy-run", EXP, *PLAN, "--offload-params", "--json"])  # needs ZeRO-3
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert data["status"] == "invalid" and "zero_stage 3" in data["reason"]
+
+
+def test_workers_not_divisible_by_tp_pp_is_invalid(capsys):
+    code = main(["proxy-run", EXP, *PLAN[:2], "--pp", "2", *PLAN[4:], "--workers", "3", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["status"] == "invalid" and "multiple" in data["reason"]
+
+
+def test_missing_experiment_is_one_line_exit_2(capsys):
+    assert main(["proxy-run", "nope.yaml", *PLAN]) == 2
+    err = capsys.readouterr().err
+    assert "nope.yaml" in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,82 @@
+"""Measurement: model-state bytes from the tensors an optimizer holds, saved activations from autograd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.spec import ModelSpec
+from service.train.measure import ActivationMeter, model_state_bytes, peak_memory_bytes, reset_peak_memory
+from service.train.model import apply_recompute, build_causal_lm, forward_loss
+
+TINY = ModelSpec(
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    ffn_hidden_size=172,
+    vocab_size=128,
+)
+
+
+def test_model_state_of_plain_adamw_is_params_grads_and_two_moments():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    got = model_state_bytes(model, opt)
+    assert got["params"] == 4 * n_params
+    assert got["grads"] == 4 * n_params
+    assert got["optimizer"] == 8 * n_params + 4 * 4  # exp_avg, exp_avg_sq, and a 4-byte step per tensor
+    assert got["master"] == 0  # AdamW updates the parameters themselves
+    assert got["model_state"] == got["params"] + got["grads"] + got["optimizer"]
+
+
+def test_views_of_one_buffer_count_once():
+    flat = torch.zeros(100)
+    module = torch.nn.Module()
+    module.a = torch.nn.Parameter(flat[:40])
+    module.b = torch.nn.Parameter(flat[40:])
+    assert model_state_bytes(module, None)["params"] == 400
+
+
+def test_activation_meter_counts_saved_tensors_once_and_not_parameters():
+    lin = torch.nn.Linear(4, 8)
+    x = torch.randn(5, 4)
+    with ActivationMeter(lin) as meter:
+        y = torch.relu(lin(x))
+        z = (y * y).sum()  # y saved twice by mul: one storage
+        assert meter.live_bytes == 5 * 4 * 4 + 5 * 8 * 4  # linear's input + relu's output, weight excluded
+        z.backward()
+    assert meter.peak_bytes == 5 * 4 * 4 + 5 * 8 * 4
+    del y, z
+    assert meter.live_bytes == 0  # backward released them
+
+
+def test_recompute_modes_trade_saved_activations_and_keep_gradients():
+    ids = torch.randint(0, TINY.vocab_size, (2, 32))
+    peaks, grads = {}, {}
+    for mode in ("none", "selective", "full"):
+        model = build_causal_lm(TINY, seed=0)
+        assert sum(p.numel() for p in model.parameters()) == TINY.num_params
+        apply_recompute(model, mode)
+        model.train()
+        with ActivationMeter(model) as meter:
+            forward_loss(model, ids).backward()
+        peaks[mode] = meter.peak_bytes
+        grads[mode] = model.lm_head.weight.grad.clone()
+    assert peaks["full"] < peaks["selective"] < peaks["none"]
+    assert torch.allclose(grads["full"], grads["none"], atol=1e-6)
+    assert torch.allclose(grads["selective"], grads["none"], atol=1e-6)
+    with pytest.raises(ValueError, match="recompute"):
+        apply_recompute(build_causal_lm(TINY, seed=0), "sometimes")
+
+
+def test_cpu_peak_memory_is_the_process_high_water_mark():
+    reset_peak_memory(torch.device("cpu"))
+    before = peak_memory_bytes(torch.device("cpu"))
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    after = peak_memory_bytes(torch.device("cpu"))
+    assert after - before >= 60 * 2**20
+    del block

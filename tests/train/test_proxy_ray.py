@@ -1,0 +1,218 @@
+"""Proxy trials on a local Ray (2 CPU workers, gloo): every ZeRO stage, offload, TP 2, PP 2, recompute,
+bitwise resume after an injected failure, OOM, invalid plans and a hanging collective.
+
+One Ray session serves the module, and each plan runs once (cached) however many tests read it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from service.spec import Plan, load_experiment
+from service.train.run import ProxyResult, ensure_ray, run_proxy
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3  # also the resume tests' length: their references are the z1 and z3-offload trials
+# Six trials cover the matrix (each ~25-35 s of process start-up on 2 cores, so kinds are combined):
+# ZeRO 0-3, optimizer+parameter offload, TP 2, PP 2, recompute none/selective/full.
+PLANS = {
+    "z0-selective": Plan(
+        dp=2, zero_stage=0, micro_batch=2, grad_accum=2, recompute="selective", precision="fp32"
+    ),
+    "z1": Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
+    "z2-full": Plan(dp=2, zero_stage=2, micro_batch=2, grad_accum=2, recompute="full", precision="fp32"),
+    "z3-offload": Plan(
+        dp=2,
+        zero_stage=3,
+        offload_optimizer=True,
+        offload_params=True,
+        micro_batch=2,
+        grad_accum=2,
+        precision="fp32",
+    ),
+    "tp2": Plan(dp=1, tp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
+    "pp2": Plan(dp=1, pp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
+}
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    exp = load_experiment("experiments/tiny-cpu.yaml")
+    proxy = exp.proxy.model_copy(update={"steps": STEPS, "warmup_steps": 1})
+    return exp.model_copy(update={"proxy": proxy})
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ensure_ray(num_cpus=2)  # local, on 127.0.0.1, with RAY_ADDRESS set for its own processes
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trial(ray_session, experiment, tmp_path_factory):
+    """`trial(name)`: the result of running PLANS[name] once in this module."""
+    cache: dict[str, ProxyResult] = {}
+    storage = str(tmp_path_factory.mktemp("proxy"))
+
+    def get(name: str) -> ProxyResult:
+        if name not in cache:
+            cache[name] = run_proxy(experiment, PLANS[name], steps=STEPS, storage_path=storage, run_name=name)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_every_plan_kind_trains_and_reports_measurements(trial, name):
+    result = trial(name)
+    assert result.status == "ok", result.reason
+    assert len(result.losses) == STEPS and result.restarts == 0
+    # a fresh 512-token model starts near ln(512) = 6.24
+    assert all(5.5 < loss < 7.0 for loss in result.losses), result.losses
+    m = result.measured
+    assert m["tokens_per_s"] > 0 and m["step_time_s"] > 0
+    assert m["model_state_bytes_per_rank"] > 0 and m["activation_bytes_per_rank"] > 0
+    assert m["peak_memory_bytes_per_rank"] > m["model_state_bytes_per_rank"]
+    assert set(result.predicted) >= {
+        "tokens_per_s",
+        "model_state_bytes_per_rank",
+        "activation_bytes_per_rank",
+    }
+
+
+def test_zero_stages_shard_what_they_promise(trial):
+    z0, z1, z2, z3 = (trial(n).measured for n in ("z0-selective", "z1", "z2-full", "z3-offload"))
+    params_fp32 = z0["params_bytes_per_rank"]
+    assert params_fp32 == 857_216 * 4  # every parameter of the 4-layer tiny Llama, fp32
+    assert z0["optimizer_bytes_per_rank"] == pytest.approx(2 * params_fp32, rel=0.001)  # Adam moments
+    for z in (z1, z2, z3):
+        assert z["optimizer_bytes_per_rank"] == pytest.approx(
+            params_fp32, rel=0.01
+        )  # moments halved over dp=2
+    assert z1["params_bytes_per_rank"] == z2["params_bytes_per_rank"] == params_fp32
+    assert z3["params_bytes_per_rank"] == pytest.approx(params_fp32 / 2, rel=0.01)
+    # ZeRO-2's partitioned gradients; a parameter cut by the partition boundary keeps a little more (~4 %)
+    assert z2["grads_bytes_per_rank"] == pytest.approx(params_fp32 / 2, rel=0.05)
+    assert z1["grads_bytes_per_rank"] == params_fp32  # ZeRO-1 holds full gradients until the boundary
+    assert (
+        z3["model_state_bytes_per_rank"] < z1["model_state_bytes_per_rank"] < z0["model_state_bytes_per_rank"]
+    )
+
+
+def test_same_data_same_model_gives_the_same_first_loss_across_layouts(trial):
+    # dp=2 plans see the same global batch, so their first losses agree to float rounding; tp/pp (dp=1)
+    # read only the first half of it.
+    firsts = [trial(n).losses[0] for n in ("z0-selective", "z1", "z2-full", "z3-offload")]
+    assert max(firsts) - min(firsts) < 1e-5
+    assert trial("tp2").losses[0] == pytest.approx(trial("pp2").losses[0], abs=1e-4)
+
+
+def test_recompute_cuts_saved_activations(trial):
+    none = trial("z1").measured["activation_bytes_per_rank"]
+    selective = trial("z0-selective").measured["activation_bytes_per_rank"]
+    full = trial("z2-full").measured["activation_bytes_per_rank"]
+    assert full < selective < none
+    assert full < 0.5 * none
+
+
+def test_tp2_shards_the_linear_layers(trial):
+    assert (
+        trial("tp2").measured["params_bytes_per_rank"] < 0.6 * trial("z1").measured["params_bytes_per_rank"]
+    )
+
+
+def test_pp2_stage_holds_half_the_layers(trial):
+    assert (
+        trial("pp2").measured["params_bytes_per_rank"] < 0.6 * trial("z1").measured["params_bytes_per_rank"]
+    )
+
+
+@pytest.mark.parametrize("name", ["z1", "z3-offload"])
+def test_resume_after_injected_failure_is_bitwise_identical(trial, experiment, tmp_path, name):
+    reference = trial(name)
+    resumed = run_proxy(
+        experiment,
+        PLANS[name],
+        steps=STEPS,
+        inject_failure_at_step=2,
+        checkpoint_every=1,
+        storage_path=str(tmp_path),
+        run_name=f"{name}-resumed",
+    )
+    assert resumed.status == "ok", resumed.reason
+    assert resumed.restarts == 1
+    assert (tmp_path / f"{name}-resumed" / "injected_failure.done").exists()
+    assert resumed.losses == reference.losses  # bitwise: float equality, not approx
+
+
+def test_plan_over_the_memory_cap_is_reported_as_oom(ray_session, experiment, tmp_path):
+    capped = experiment.model_copy(
+        update={"proxy": experiment.proxy.model_copy(update={"memory_limit_gib": 0.05})}
+    )
+    big = Plan(dp=2, zero_stage=0, micro_batch=64, grad_accum=1, precision="fp32")
+    result = run_proxy(capped, big, steps=2, storage_path=str(tmp_path), run_name="oom")
+    assert result.status == "oom", result.reason
+    assert result.reason
+
+
+def test_invalid_plans_are_reported_not_run(experiment):
+    four = experiment.model_copy(update={"proxy": experiment.proxy.model_copy(update={"num_workers": 4})})
+    tp4 = run_proxy(four, Plan(dp=1, tp=4, zero_stage=1, precision="fp32"))
+    assert tp4.status == "invalid" and "num_key_value_heads" in tp4.reason  # tiny-cpu has 2 KV heads
+    too_many = run_proxy(experiment, Plan(dp=4, zero_stage=1, precision="fp32"))
+    assert too_many.status == "invalid" and "workers" in too_many.reason
+    assert too_many.losses == [] and too_many.measured == {}
+
+
+def test_hanging_collective_ends_with_a_timeout(ray_session, experiment, tmp_path):
+    quick = experiment.model_copy(
+        update={"proxy": experiment.proxy.model_copy(update={"collective_timeout_s": 6})}
+    )
+    result = run_proxy(
+        quick,
+        PLANS["z1"],
+        steps=2,
+        storage_path=str(tmp_path),
+        run_name="hang",
+        stall={"rank": 1, "step": 1, "seconds": 120},
+    )
+    assert result.status == "failed"
+    assert "timed out" in result.reason.lower() or "timeout" in result.reason.lower(), result.reason
+    assert result.wall_s < 100  # the 120 s stall did not run out: the timeout ended the trial
+
+
+# Measured vs the cost model at proxy scale: model state within 1 %, saved activations within 10 %.
+# Every case agrees since the model took in what these runs measured (HF SDPA attention's saved tensors,
+# AutoTP's whole embedding, ZeRO-3 offload's two gradient partitions, the full-recompute peak without
+# the loss tensors, attention-sub-block selective recompute). A future disagreement gets a
+# `pytest.mark.xfail(strict=True, reason="cost model: ...")` here, never a looser tolerance.
+MODEL_STATE_CASES: dict[str, list] = {name: [] for name in PLANS}
+ACTIVATION_CASES: dict[str, list] = {name: [] for name in PLANS}
+
+
+def _case(name: str, marks: dict[str, list]) -> pytest.param:
+    return pytest.param(name, marks=marks[name], id=name)
+
+
+@pytest.mark.parametrize("name", [_case(n, MODEL_STATE_CASES) for n in PLANS])
+def test_model_state_bytes_match_the_cost_model_within_1_percent(trial, name):
+    result = trial(name)
+    measured = result.measured["model_state_bytes_per_rank"]
+    predicted = result.predicted["model_state_bytes_per_rank"]
+    assert measured == pytest.approx(predicted, rel=0.01), (
+        f"measured {measured:.0f} predicted {predicted:.0f}"
+    )
+
+
+@pytest.mark.parametrize("name", [_case(n, ACTIVATION_CASES) for n in PLANS])
+def test_activation_bytes_match_the_cost_model_within_10_percent(trial, name):
+    result = trial(name)
+    measured = result.measured["activation_bytes_per_rank"]
+    predicted = result.predicted["activation_bytes_per_rank"]
+    assert measured == pytest.approx(predicted, rel=0.10), (
+        f"measured {measured:.0f} predicted {predicted:.0f}"
+    )

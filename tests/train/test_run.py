@@ -1,0 +1,94 @@
+"""Trial outcomes: failure classification, the step log, the proxy scale and the cost model's side."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from service.spec import Plan, load_experiment
+from service.train.proxy_scale import (
+    PREDICTED_KEYS,
+    predict_proxy,
+    proxy_cluster,
+    proxy_model,
+    proxy_plan_problem,
+    proxy_workload,
+)
+from service.train.run import classify_failure, read_log
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_experiment("experiments/tiny-cpu.yaml")
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (
+            RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory"),
+            "oom",
+        ),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+        (MemoryError(), "oom"),
+        (
+            RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 6000ms for recv"),
+            "failed",
+        ),
+        (AssertionError("Check batch related parameters. train_batch_size is not equal"), "invalid"),
+        (ValueError("something else broke\nin two lines"), "failed"),
+    ],
+)
+def test_classify_failure(error, status):
+    got, reason = classify_failure(error)
+    assert got == status
+    assert reason and "\n" not in reason
+
+
+def test_classify_failure_reads_chained_causes():
+    try:
+        try:
+            raise MemoryError("allocation failed")
+        except MemoryError as inner:
+            raise RuntimeError("worker group failed") from inner
+    except RuntimeError as err:
+        assert classify_failure(err)[0] == "oom"
+    assert "timed out" in classify_failure("Timed out waiting 5000ms")[1]
+
+
+def test_read_log_keeps_the_last_record_of_each_step_and_counts_restarts(tmp_path):
+    lines = [
+        {"event": "start", "step": 0, "time": 1.0},
+        {"event": "step", "step": 1, "loss": 6.0, "time": 2.0},
+        {"event": "step", "step": 2, "loss": 5.9, "time": 3.0},
+        {"event": "start", "step": 1, "time": 4.0},  # restarted from the step-1 checkpoint
+        {"event": "step", "step": 2, "loss": 5.8, "time": 5.0},
+    ]
+    (tmp_path / "proxy_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    records, restarts = read_log(tmp_path)
+    assert [r["loss"] for r in records] == [6.0, 5.8] and restarts == 1
+    assert read_log(tmp_path / "missing") == ([], 0)
+
+
+def test_proxy_scale_keeps_the_plan_shape(tiny):
+    model = proxy_model(tiny)
+    assert model.num_layers == tiny.proxy.num_layers and model.hidden_size == tiny.model.hidden_size
+    cluster = proxy_cluster(tiny)
+    assert cluster.num_gpus == 2 and cluster.gpu.name == "cpu"
+    plan = Plan(dp=2, micro_batch=3, grad_accum=2)
+    work = proxy_workload(tiny, plan)
+    assert work.batch_sequences == 12 and work.seq_len == tiny.workload.seq_len
+    assert proxy_plan_problem(tiny, plan) is None
+    assert "workers" in proxy_plan_problem(tiny, Plan(dp=1))
+
+
+def test_prediction_has_every_key_and_sane_values(tiny):
+    pytest.importorskip("service.costmodel")
+    got = predict_proxy(tiny, Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2))
+    assert set(got) == set(PREDICTED_KEYS)
+    assert all(math.isfinite(v) for v in got.values())
+    assert got["predicted_model_state_bytes_per_rank"] > 0 and got["predicted_fits"] == 1.0
+    # fp32 on CPU: at least 4 bytes of weights per parameter on every rank under ZeRO-1
+    assert got["predicted_model_state_bytes_per_rank"] >= 4 * proxy_model(tiny).num_params
