@@ -1,0 +1,371 @@
+"""`Search`: Ray Tune searches plans at proxy scale, pruned and ordered by the cost model, recorded in MLflow.
+
+Shaped like Ray's `Tuner`: construct, `fit()`, get a result; `Search.restore(path)` continues a search
+whose driver was killed (finished trials are not run again; the trial that was running resumes from
+its Train checkpoint, since its Train run is named after the trial id).
+
+Example:
+    >>> from service.search import Search
+    >>> result = Search("experiments/tiny-cpu.yaml", "search_spaces/tiny-cpu.yaml",
+    ...                 algorithm="grid", max_trials=4).fit()                         # doctest: +SKIP
+    >>> result.best.plan, result.mlflow_run_id                                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, get_args
+
+from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
+from service.search.result import SearchResult, TrialRecord, split_metrics, trial_outcome
+from service.search.space import Algorithm, SearchSpace, load_space, space_from_dict
+from service.spec.errors import SpecError
+from service.spec.experiment import ExperimentSpec, load_experiment
+from service.tracking.uri import TrackingTarget, repo_root, resolve
+
+STATE_FILE = "search_state.json"
+RESULTS_ENV = "SERVICE_SEARCH_DIR"  # where searches are kept when no storage_path is given
+
+
+def _trial_name(trial: Any) -> str:
+    return str(trial.trial_id)
+
+
+@contextmanager
+def _env(**values: str) -> Any:
+    """Sets environment variables the user has not set, for the duration of the block."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def ensure_ray(world_size: int) -> bool:
+    """Connects to RAY_ADDRESS, or starts a local Ray on 127.0.0.1; True when this call started it.
+
+    The local Ray gets one logical CPU beyond the machine's (or the trial's world size, if larger) for
+    the trial drivers, which hold 0.01 CPU each while their workers hold one CPU each.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+    else:
+        cpus = max(os.cpu_count() or 1, world_size) + 1
+        # No dashboard: what it would clean up for stopped trials (their placement groups), the
+        # search's own PlacementGroupSweeper does without it (see stopping.py).
+        ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    return True
+
+
+def max_concurrent_trials(world_size: int, device: str) -> int:
+    """Trials that fit side by side: GPUs (cuda) or CPUs (cpu, one kept for drivers) ÷ world size."""
+    import ray
+
+    resources = ray.cluster_resources()
+    unit = "GPU" if device == "cuda" else "CPU"
+    have = resources.get(unit, 0.0) - (0.0 if device == "cuda" else 1.0)
+    fit = int(have // world_size)
+    if fit < 1:
+        extra = "" if device == "cuda" else " (+1 kept for trial drivers)"
+        offered = resources.get(unit, 0.0)
+        raise SpecError(
+            "proxy.num_workers",
+            f"a trial needs {world_size} {unit}s{extra} but the Ray cluster offers {offered:g}",
+        )
+    return fit
+
+
+class Search:
+    """Searches the plans of `space` for `experiment` on proxy runs.
+
+    Args:
+        experiment: `ExperimentSpec` or a path to its YAML.
+        space: `SearchSpace`, a path to its YAML, or the same data as a dict.
+        algorithm: grid (model order), random, or bayes (Optuna TPE); default: the space's.
+        max_trials: most trials to launch; default: the space's, else every candidate.
+        patience: stop after this many ended trials without a new best; default: the space's.
+        steps: optimizer steps per trial; default: the space's, else proxy.steps.
+        trial_timeout_s: a trial running longer is recorded as a hang; default: the space's.
+        guided: prune predicted-OOM plans and order by prediction (False: the plain grid baseline).
+        storage_path: where Tune keeps the search (default: $SERVICE_SEARCH_DIR, else
+            `<repo>/ray_results/search`).
+        name: the search's folder and MLflow run name (default: experiment-space-algorithm-time).
+        progress: show a progress bar on stderr.
+    """
+
+    def __init__(
+        self,
+        experiment: ExperimentSpec | str | Path,
+        space: SearchSpace | str | Path | dict[str, Any],
+        *,
+        algorithm: str | None = None,
+        max_trials: int | None = None,
+        patience: int | None = None,
+        steps: int | None = None,
+        trial_timeout_s: float | None = None,
+        guided: bool = True,
+        storage_path: str | Path | None = None,
+        name: str | None = None,
+        progress: bool = False,
+        seed: int | None = None,
+    ):
+        self.experiment = (
+            experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+        )
+        if isinstance(space, SearchSpace):
+            self.space = space
+        else:
+            self.space = load_space(space) if isinstance(space, str | Path) else space_from_dict(space)
+        settings = self.space.search
+        self.algorithm = algorithm or settings.algorithm
+        if self.algorithm not in get_args(Algorithm):
+            raise SpecError(
+                "algorithm", f"unknown algorithm {self.algorithm!r}; allowed: grid, random, bayes"
+            )
+        if max_trials is not None and max_trials <= 0:
+            raise SpecError("max_trials", f"must be positive, got {max_trials}")
+        self.max_trials = max_trials or settings.max_trials
+        self.patience = settings.patience if patience is None else patience
+        self.steps = steps or settings.steps or self.experiment.proxy.steps
+        self.trial_timeout_s = trial_timeout_s or settings.trial_timeout_s
+        self.seed = settings.seed if seed is None else seed
+        self.guided = guided
+        self.progress = progress
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.name = name or f"{self.experiment.name}-{self.space.name}-{self.algorithm}-{stamp}"
+        default_storage = os.environ.get(RESULTS_ENV) or repo_root() / "ray_results" / "search"
+        self.storage_path = Path(storage_path or default_storage).resolve()
+        self.target: TrackingTarget = resolve(self.experiment.tracking, self.experiment.name)
+        self._pruning: PruneResult | None = None
+        self._restored = False
+
+    @property
+    def path(self) -> Path:
+        """The search's folder: pass it to `Search.restore` (or `search --resume`)."""
+        return self.storage_path / self.name
+
+    # -- persistence -------------------------------------------------------------------------------
+    _SETTINGS = ("algorithm", "max_trials", "patience", "steps", "trial_timeout_s", "seed", "guided")
+
+    def _state(self) -> dict[str, Any]:
+        """Everything `restore` needs, as JSON: specs, settings, store, and the pruning it decided."""
+        t = self.target
+        return {
+            "experiment": self.experiment.model_dump(mode="json"),
+            "space": self.space.model_dump(mode="json"),
+            "settings": {name: getattr(self, name) for name in self._SETTINGS},
+            "tracking": {"uri": t.uri, "experiment_name": t.experiment_name,
+                         "artifact_location": t.artifact_location, "buffer_dir": str(t.buffer_dir)},
+            "pruning": pruning_to_json(self.pruning()),
+        }  # fmt: skip
+
+    @classmethod
+    def can_restore(cls, path: str | Path) -> bool:
+        return (Path(path) / STATE_FILE).is_file()
+
+    @classmethod
+    def restore(cls, path: str | Path, progress: bool = False) -> Search:
+        """The search saved at `path` (its folder), ready for `fit()` to continue it."""
+        folder = Path(path).resolve()
+        if not cls.can_restore(folder):
+            raise SpecError("resume", f"{folder} is not a search folder (no {STATE_FILE})")
+        try:
+            return cls._from_state(folder, json.loads((folder / STATE_FILE).read_text()), progress)
+        except (ValueError, KeyError, TypeError) as err:  # pydantic's ValidationError is a ValueError
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise SpecError("resume", f"{folder / STATE_FILE} is not a valid search state: {first}") from None
+
+    @classmethod
+    def _from_state(cls, folder: Path, state: dict[str, Any], progress: bool) -> Search:
+        search = cls(
+            ExperimentSpec.model_validate(state["experiment"]),
+            SearchSpace.model_validate(state["space"]),
+            storage_path=folder.parent,
+            name=folder.name,
+            progress=progress,
+            **state["settings"],
+        )
+        search.target = TrackingTarget(
+            **{**state["tracking"], "buffer_dir": Path(state["tracking"]["buffer_dir"])}
+        )
+        search._pruning = pruning_from_json(state["pruning"])
+        search._restored = True
+        return search
+
+    def pruning(self) -> PruneResult:
+        """Candidates in launch order and pruned plans (computed once; a restored search keeps its own)."""
+        if self._pruning is None:
+            self._pruning = prune_space(self.experiment, self.space, guided=self.guided)
+        return self._pruning
+
+    # -- running -----------------------------------------------------------------------------------
+    def fit(self) -> SearchResult:
+        """Runs (or continues) the search; returns every trial, the pruned plans and the best plan."""
+        from service.search import recording
+
+        pr = self.pruning()
+        if not self._restored:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / STATE_FILE).write_text(json.dumps(self._state(), indent=1))
+        recording.start_search(self.target, self.name, self._run_info(pr), self._documents())
+        if not self._restored:
+            recording.record_pruned(self.target, self.name, pr.pruned)
+        if not pr.candidates:
+            return self._all_pruned(pr)
+        started = ensure_ray(self.experiment.proxy.num_workers)
+        try:
+            with _env(TUNE_DISABLE_STRICT_METRIC_CHECKING="1", TUNE_GLOBAL_CHECKPOINT_S="2"):
+                grid = self._tuner(pr).fit()
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+        result = self._collect(grid, pr)
+        recording.finish_search(self.target, self.name, result)
+        return self._with_tracking(result)
+
+    def _planned_trials(self, pr: PruneResult) -> int:
+        return min(self.max_trials or len(pr.candidates), len(pr.candidates))
+
+    def _tuner(self, pr: PruneResult) -> Any:
+        from service.search.tuning import build_tuner
+
+        return build_tuner(self, pr)
+
+    def _run_info(self, pr: PruneResult) -> dict[str, Any]:
+        return {
+            "run_name": self.name,
+            "experiment": self.experiment.name,
+            "space": self.space.name,
+            "algorithm": self.algorithm,
+            "guided": self.guided,
+            "metric": self.space.metric,
+            "mode": self.space.direction,
+            "max_trials": self.max_trials or "all",
+            "patience": self.patience or "none",
+            "steps": self.steps,
+            "space_size": pr.size,
+            "num_candidates": len(pr.candidates),
+            "num_pruned": len(pr.pruned),
+            "proxy_workers": self.experiment.proxy.num_workers,
+            "proxy_device": self.experiment.proxy.device,
+            "path": str(self.path),
+        }
+
+    def _documents(self) -> dict[str, Any]:
+        pr = self.pruning()
+        return {
+            "experiment.yaml": self.experiment.model_dump(mode="json"),
+            "search_space.yaml": self.space.model_dump(mode="json", exclude_none=True),
+            "pruned.json": [{"plan": p.label, "kind": p.kind, "reason": p.reason} for p in pr.pruned],
+            "candidates.json": [{"plan": c.key, "predicted": c.predicted} for c in pr.candidates],
+        }
+
+    def _all_pruned(self, pr: PruneResult) -> SearchResult:
+        """Records the outcome, then says so in one line: nothing can be launched."""
+        from service.search import recording
+
+        result = SearchResult(
+            self.space.metric,
+            self.space.direction,
+            [],
+            pr.pruned,
+            None,
+            str(self.path),
+            stopped_reason="every plan of the space was pruned",
+        )
+        recording.finish_search(self.target, self.name, result)
+        result = self._with_tracking(result)
+        kinds = sorted({p.kind for p in pr.pruned})
+        first = pr.pruned[0].reason if pr.pruned else "no plans"
+        where = f"; recorded in MLflow run {result.mlflow_run_id}" if result.mlflow_run_id else ""
+        raise SpecError(
+            "space",
+            f"every one of the {len(pr.pruned)} plans is pruned ({', '.join(kinds)}; first: {first}){where}",
+            self.space.name,
+        )
+
+    def _with_tracking(self, result: SearchResult) -> SearchResult:
+        from service.search.recording import parent_key, trial_key
+        from service.tracking.tracker import tracker_for
+
+        tracker = tracker_for(self.target)
+        if tracker.pending_count():
+            tracker.connect()  # one more try, so the report says whether records still wait
+        result.tracking = tracker.status()
+        result.mlflow_run_id = tracker.run_id(parent_key(self.name))
+        result.trials = [
+            t.model_copy(update={"mlflow_run_id": tracker.run_id(trial_key(self.name, t.trial_id))})
+            for t in result.trials
+        ]
+        return result
+
+    def _collect(self, grid: Any, pr: PruneResult) -> SearchResult:
+        """One `TrialRecord` per Tune trial, from its reports (every step) and Tune's error."""
+        import math
+
+        by_key = {c.key: c for c in pr.candidates}
+        trials = []
+        for res in grid:
+            key = (res.config or {}).get("plan")
+            if key not in by_key:
+                continue
+            df = res.metrics_dataframe
+            rows = [] if df is None else df.to_dict("records")
+            rows = [
+                {k: v for k, v in r.items() if not (isinstance(v, float) and math.isnan(v))} for r in rows
+            ]
+            status, reason, step = trial_outcome(rows, res.error, self.steps)
+            last: dict[str, Any] = next(
+                (r for r in reversed(rows) if "step" in r and "trial_status" not in r), {}
+            )
+            measured, predicted = split_metrics(last)
+            if not predicted:
+                predicted = {k.removeprefix("predicted_"): v for k, v in by_key[key].predicted.items()}
+            trial_id = Path(res.path).name
+            trials.append(
+                TrialRecord(
+                    trial_id=trial_id,
+                    key=key,
+                    plan=by_key[key].plan,
+                    status=status,
+                    reason=reason,
+                    steps=step,
+                    measured=measured,
+                    predicted=predicted,
+                )
+            )
+        trials.sort(key=self._launch_rank())
+        result = SearchResult(
+            self.space.metric, self.space.direction, trials, pr.pruned, None, str(self.path)
+        )
+        result.stopped_reason = self._stopped_reason(result, pr)
+        return result
+
+    def _launch_rank(self) -> Any:
+        """Sort key: the order the searcher launched trials in (what a user expects to read)."""
+        from service.search.tuning import LAUNCH_ORDER_FILE
+
+        order_file = self.path / LAUNCH_ORDER_FILE
+        lines = order_file.read_text().split("\n") if order_file.is_file() else []
+        rank = {line.split()[0]: i for i, line in enumerate(lines) if line.strip()}
+        return lambda t: rank.get(t.trial_id, len(rank))
+
+    def _stopped_reason(self, result: SearchResult, pr: PruneResult) -> str:
+        planned = self._planned_trials(pr)
+        if len(result.trials) >= planned:
+            return f"all {planned} planned trials ran"
+        if self.patience:
+            return f"no improvement in the last {self.patience} trials"
+        return f"{len(result.trials)} of {planned} trials ran"

@@ -1,0 +1,183 @@
+"""`SearchResult`: what a search returns, shaped like Ray Tune's `ResultGrid`.
+
+`best` (the best plan that ran all its steps), every trial as a `TrialRecord` (`get_dataframe()` gives
+the table), the pruned plans with their reasons, and the MLflow parent run id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from service.search.prune import PrunedPlan
+from service.spec.plan import Plan
+
+FEASIBLE = ("ok", "stopped_early")
+INFEASIBLE = ("oom", "failed", "invalid", "hang")
+
+
+class TrialRecord(BaseModel):
+    """One launched plan: how it ended, what was measured (last report) and what the model predicted."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trial_id: str
+    key: str
+    plan: Plan
+    status: str  # ok | stopped_early | oom | failed | invalid | hang
+    reason: str = ""
+    steps: int = 0
+    measured: dict[str, float] = {}
+    predicted: dict[str, float] = {}
+    mlflow_run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.model_dump(exclude={"plan"}), "plan": self.plan.model_dump()}
+
+
+def split_metrics(row: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(measured, predicted) from one report: `measured_x`→x, `predicted_x`→x, plain throughput keys."""
+    measured: dict[str, float] = {}
+    predicted: dict[str, float] = {}
+    for key, value in row.items():
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            continue
+        if key.startswith("predicted_"):
+            predicted[key.removeprefix("predicted_")] = float(value)
+        elif key.startswith("measured_"):
+            measured[key.removeprefix("measured_")] = float(value)
+        elif key in ("tokens_per_s", "samples_per_s", "step_time_s", "loss"):
+            measured[key] = float(value)
+    return measured, predicted
+
+
+def trial_outcome(
+    rows: list[dict[str, Any]], error: BaseException | None, steps: int
+) -> tuple[str, str, int]:
+    """(status, reason, last step) of a trial from its reports and Tune's error, if any."""
+    stepped = [r for r in rows if _finite(r.get("step"))]
+    last_step = int(stepped[-1]["step"]) if stepped else 0
+    final = next((r for r in reversed(rows) if isinstance(r.get("trial_status"), str)), None)
+    if final is not None:
+        return str(final["trial_status"]), str(final.get("trial_reason") or ""), last_step
+    if error is not None:
+        from service.train.run import classify_failure
+
+        hang = next((ln.strip() for ln in str(error).splitlines() if "hang: " in ln), None)
+        if hang is not None:  # raised by the trial driver (trial.TrialHang)
+            return "hang", hang[hang.index("hang: ") :], last_step
+        status, reason = classify_failure(error)
+        return status, reason, last_step
+    # Not Tune's `done`: Tune sets it on the last result of a trial it stopped early, too.
+    if stepped and (stepped[-1].get("last_step") or last_step >= steps):
+        return "ok", "", last_step
+    if stepped:
+        return (
+            "stopped_early",
+            f"stopped at step {last_step} of {steps} (ASHA or the search's stop)",
+            last_step,
+        )
+    return "failed", "the trial ended before its first report", last_step
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+@dataclass
+class SearchResult:
+    """The outcome of `Search.fit()`.
+
+    Example:
+        >>> result = Search(experiment, space, algorithm="grid", max_trials=4).fit()   # doctest: +SKIP
+        >>> result.best.plan.short(), result.best.measured["tokens_per_s"]              # doctest: +SKIP
+        >>> result.get_dataframe()[["plan", "status", "measured_tokens_per_s"]]        # doctest: +SKIP
+    """
+
+    metric: str
+    mode: str
+    trials: list[TrialRecord]
+    pruned: list[PrunedPlan]
+    mlflow_run_id: str | None
+    path: str
+    tracking: dict[str, Any] = field(default_factory=dict)
+    stopped_reason: str = ""
+
+    @property
+    def best(self) -> TrialRecord | None:
+        """The best trial that ran every step (`ok`); None when none did."""
+        done = [t for t in self.trials if t.status == "ok" and self.metric in t.measured]
+        if not done:
+            return None
+        pick = max if self.mode == "max" else min
+        return pick(done, key=lambda t: t.measured[self.metric])
+
+    def get_best_result(self) -> TrialRecord | None:
+        return self.best
+
+    def __len__(self) -> int:
+        return len(self.trials)
+
+    def __iter__(self) -> Iterator[TrialRecord]:
+        return iter(self.trials)
+
+    def __getitem__(self, i: int) -> TrialRecord:
+        return self.trials[i]
+
+    @property
+    def num_errors(self) -> int:
+        return sum(t.status in INFEASIBLE for t in self.trials)
+
+    def get_dataframe(self) -> Any:
+        """All trials as a pandas table: plan fields, status, reason, measured_* and predicted_* columns."""
+        import pandas as pd
+
+        rows = []
+        for t in self.trials:
+            row: dict[str, Any] = {
+                "trial_id": t.trial_id,
+                "plan": t.key,
+                "status": t.status,
+                "reason": t.reason,
+            }
+            row.update({"steps": t.steps, **t.plan.model_dump()})
+            row.update({f"measured_{k}": v for k, v in t.measured.items()})
+            row.update({f"predicted_{k}": v for k, v in t.predicted.items()})
+            row["mlflow_run_id"] = t.mlflow_run_id
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: best, trials, pruned, mlflow_run_id (what `search --json` prints)."""
+        best = self.best
+        return {
+            "metric": self.metric,
+            "mode": self.mode,
+            "best": None
+            if best is None
+            else {
+                "plan": best.plan.model_dump(),
+                "key": best.key,
+                "trial_id": best.trial_id,
+                "measured": best.measured,
+                "predicted": best.predicted,
+            },
+            "trials": [t.to_dict() for t in self.trials],
+            "pruned": [
+                {
+                    "plan": p.plan.model_dump() if p.plan else None,
+                    "point": p.point,
+                    "kind": p.kind,
+                    "reason": p.reason,
+                }
+                for p in self.pruned
+            ],
+            "mlflow_run_id": self.mlflow_run_id,
+            "path": self.path,
+            "tracking": self.tracking,
+            "stopped_reason": self.stopped_reason,
+        }

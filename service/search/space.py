@@ -1,0 +1,228 @@
+"""`SearchSpace`: which `Plan` fields a search varies at proxy scale, with constraints and the metric.
+
+A space is strict data (YAML or Python, same schema). Every field of `params` is a `Plan` field and
+takes a list of values (a single value means fixed); `dp` is not a parameter: at proxy scale it is
+derived as proxy.num_workers / (tp·pp), so every point is a full `Plan` that `plan_problem` judges.
+
+Example (YAML):
+    name: tiny-cpu
+    metric: tokens_per_s          # what the proxy reports; mode defaults to the metric's direction
+    params:
+      zero_stage: [0, 1, 2, 3]
+      micro_batch: [1, 2, 4]
+      recompute: [none, full]
+    constraints:
+      exclude: [{zero_stage: 3, micro_batch: 4}]
+    search: {algorithm: grid, max_trials: 6, patience: 3}
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.spec.errors import SpecError, validate_as
+from service.spec.plan import Recompute
+
+Metric = Literal["tokens_per_s", "samples_per_s", "step_time_s", "peak_memory_bytes_per_rank"]
+Algorithm = Literal["grid", "random", "bayes"]
+METRIC_MODES: dict[str, str] = {
+    "tokens_per_s": "max",
+    "samples_per_s": "max",
+    "step_time_s": "min",
+    "peak_memory_bytes_per_rank": "min",
+}
+
+
+def _as_list(value: Any) -> Any:
+    return value if isinstance(value, list) else [value]
+
+
+class ParamSpace(BaseModel):
+    """Values each `Plan` field may take; a field left out keeps the `Plan` default (one value)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    zero_stage: list[Literal[0, 1, 2, 3]] | None = Field(None, description="ZeRO stages to try.")
+    offload_optimizer: list[bool] | None = Field(None, description="Optimizer offload to CPU: [false, true].")
+    offload_params: list[bool] | None = Field(None, description="Parameter offload to CPU (ZeRO-3 only).")
+    tp: list[int] | None = Field(None, description="Tensor-parallel degrees; dp = workers / (tp·pp).")
+    pp: list[int] | None = Field(None, description="Pipeline stages; dp = workers / (tp·pp).")
+    micro_batch: list[int] | None = Field(None, description="Sequences per micro-batch per dp rank.")
+    grad_accum: list[int] | None = Field(None, description="Micro-batches per optimizer step.")
+    recompute: list[Recompute] | None = Field(
+        None, description="Activation checkpointing: none, selective, full."
+    )
+    sequence_parallel: list[bool] | None = Field(None, description="Sequence parallelism (needs tp > 1).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scalars_to_lists(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "dp" in data:
+                raise ValueError("dp is derived at proxy scale (proxy.num_workers / (tp·pp)); remove it")
+            return {k: None if v is None else _as_list(v) for k, v in data.items()}
+        return data
+
+    @field_validator("tp", "pp", "micro_batch", "grad_accum")
+    @classmethod
+    def _positive(cls, values: list[int] | None) -> list[int] | None:
+        if values and any(v <= 0 for v in values):
+            raise ValueError(f"values must be positive, got {values}")
+        return values
+
+    def varied(self) -> dict[str, list[Any]]:
+        """The fields given, in declaration order, with their values (duplicates dropped)."""
+        out: dict[str, list[Any]] = {}
+        for name in type(self).model_fields:
+            values = getattr(self, name)
+            if values is not None:
+                out[name] = list(dict.fromkeys(values))
+        return out
+
+
+class PartialPlan(BaseModel):
+    """Some `Plan` fields with one value each: a combination a constraint refers to."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    zero_stage: Literal[0, 1, 2, 3] | None = None
+    offload_optimizer: bool | None = None
+    offload_params: bool | None = None
+    tp: int | None = None
+    pp: int | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None
+    recompute: Recompute | None = None
+    sequence_parallel: bool | None = None
+
+    def matches(self, point: dict[str, Any]) -> bool:
+        given = self.model_dump(exclude_none=True)
+        return bool(given) and all(point.get(k) == v for k, v in given.items())
+
+
+class Constraints(BaseModel):
+    """Rules on top of `plan_problem` (which always applies): batch limits and excluded combinations."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sequences_per_step: int | None = Field(
+        None, gt=0, description="Keep micro_batch·grad_accum·dp equal to this (same optimisation problem)."
+    )
+    max_sequences_per_step: int | None = Field(
+        None, gt=0, description="Upper bound on micro_batch·grad_accum·dp."
+    )
+    exclude: list[PartialPlan] = Field(default_factory=list, description="Combinations never to run.")
+
+    def violation(self, point: dict[str, Any], sequences_per_step: int) -> str | None:
+        """Why `point` breaks a constraint, or None."""
+        if self.sequences_per_step is not None and sequences_per_step != self.sequences_per_step:
+            return (
+                f"constraint sequences_per_step: micro_batch·grad_accum·dp = {sequences_per_step}, "
+                f"not {self.sequences_per_step}"
+            )
+        if self.max_sequences_per_step is not None and sequences_per_step > self.max_sequences_per_step:
+            return f"constraint max_sequences_per_step: {sequences_per_step} > {self.max_sequences_per_step}"
+        for i, rule in enumerate(self.exclude):
+            if rule.matches(point):
+                return f"constraint exclude[{i}]: {rule.model_dump(exclude_none=True)}"
+        return None
+
+
+class AshaSettings(BaseModel):
+    """ASHA early stopping (Li et al. 2018, arXiv:1810.05934) on the metric, by optimizer step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    grace_period: int | None = Field(
+        None, gt=0, description="Steps before a trial can be stopped; default: proxy warm-up steps + 1."
+    )
+    reduction_factor: float = Field(2.0, gt=1, description="Keep the best 1/reduction_factor at each rung.")
+
+
+class SearchSettings(BaseModel):
+    """Defaults for `Search(...)`; arguments and CLI flags override them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    algorithm: Algorithm = Field("grid", description="grid (model order), random, or bayes (Optuna TPE).")
+    max_trials: int | None = Field(None, gt=0, description="Most trials to launch; default: every candidate.")
+    patience: int | None = Field(
+        None, gt=0, description="Stop after this many finished trials without improving the best."
+    )
+    steps: int | None = Field(None, gt=0, description="Optimizer steps per trial; default: proxy.steps.")
+    trial_timeout_s: float = Field(900.0, gt=0, description="A trial still running after this is a hang.")
+    asha: AshaSettings | None = Field(
+        default_factory=AshaSettings, description="null turns early stopping off."
+    )  # type: ignore[arg-type]
+    seed: int = Field(0, description="Seed for random order and the Optuna sampler.")
+
+
+class SearchSpace(BaseModel):
+    """A named search space: `params` (Plan fields → values), `constraints`, `metric` and `mode`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Space name (MLflow run names, results folder).")
+    description: str = Field("", description="What the space is for.")
+    params: ParamSpace = Field(description="Plan fields to vary, each with its list of values.")
+    constraints: Constraints = Field(default_factory=Constraints)  # type: ignore[arg-type]
+    metric: Metric = Field("tokens_per_s", description="Measured metric the search optimises.")
+    mode: Literal["max", "min"] | None = Field(
+        None, description="Direction; default: the metric's natural one."
+    )
+    search: SearchSettings = Field(default_factory=SearchSettings)  # type: ignore[arg-type]
+
+    @field_validator("params")
+    @classmethod
+    def _not_empty(cls, params: ParamSpace) -> ParamSpace:
+        varied = params.varied()
+        if not varied:
+            raise ValueError("empty space: give at least one Plan field with its values")
+        empty = [k for k, v in varied.items() if not v]
+        if empty:
+            raise ValueError(f"empty space: {empty[0]} has no values")
+        return params
+
+    @model_validator(mode="after")
+    def _default_mode(self) -> SearchSpace:
+        if self.mode is None:
+            object.__setattr__(self, "mode", METRIC_MODES[self.metric])
+        return self
+
+    @property
+    def direction(self) -> str:
+        return self.mode or METRIC_MODES[self.metric]
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every combination of the given values, in a fixed order (the YAML's order of values)."""
+        varied = self.params.varied()
+        names = list(varied)
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*varied.values())]
+
+    def size(self) -> int:
+        n = 1
+        for values in self.params.varied().values():
+            n *= len(values)
+        return n
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Reads a search-space YAML; any error is one `SpecError` naming the file and field."""
+    from service.spec.experiment import read_yaml
+
+    data = read_yaml(path)
+    if data is None:
+        raise SpecError("(top level)", "empty space: the file has no fields", str(path))
+    if not isinstance(data, dict):
+        raise SpecError("(top level)", "expected a mapping with name, params, metric", str(path))
+    data.setdefault("name", Path(path).stem)
+    return space_from_dict(data, str(path))
+
+
+def space_from_dict(data: Any, source: str | None = None) -> SearchSpace:
+    """`SearchSpace` from plain data (Python API), with the same one-line errors as the YAML."""
+    return validate_as(SearchSpace, data, source)

@@ -1,0 +1,103 @@
+"""Serve the MLflow UI and REST API for a store on 127.0.0.1 (never on other interfaces).
+
+`python -m service.tracking.server [--port P]` serves the embedded default store
+(`sqlite:///<repo>/mlflow.db`, artifacts in `<repo>/mlartifacts`); tests use `mlflow_server(...)` to
+serve a store of their own on a free port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from service.tracking.uri import default_uri, repo_root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"mlflow server at {url} did not answer within {timeout_s:.0f} s")
+
+
+@contextmanager
+def mlflow_server(
+    backend_store_uri: str,
+    port: int | None = None,
+    artifacts_destination: str | Path | None = None,
+    log_path: Path | None = None,
+    timeout_s: float = 90.0,
+) -> Iterator[str]:
+    """Runs `mlflow server` on 127.0.0.1 for the duration of the block; yields its URL."""
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        backend_store_uri,
+    ]
+    if artifacts_destination is not None:
+        cmd += ["--artifacts-destination", str(artifacts_destination)]
+    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_healthy(url, proc, timeout_s)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the server's own process group (uvicorn workers)
+            proc.wait(timeout=15)
+        if log_path:
+            log.close()  # type: ignore[union-attr]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--backend-store-uri", default=default_uri())
+    args = parser.parse_args(argv)
+    with mlflow_server(args.backend_store_uri, args.port, repo_root() / "mlartifacts") as url:
+        print(f"MLflow UI: {url} (Ctrl-C to stop)", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Which MLflow store to write to, and where its artifacts and pending records live.
+
+Precedence (highest first): `MLFLOW_TRACKING_URI` in the environment, the experiment's
+`tracking.uri`, the embedded default `sqlite:///<repo>/mlflow.db` with artifacts in
+`<repo>/mlartifacts` (so `mlflow ui --backend-store-uri sqlite:///mlflow.db` run in the repo shows them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.spec.tracking import TrackingSpec
+
+
+def repo_root() -> Path:
+    """The checkout that holds the `service` package (where pyproject.toml is), else the working dir."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "pyproject.toml").is_file() else Path.cwd()
+
+
+def default_uri() -> str:
+    return f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///` URI (None for other stores)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+
+@dataclass(frozen=True)
+class TrackingTarget:
+    """A resolved store: URI, MLflow experiment, artifact root for new experiments, and pending-record dir."""
+
+    uri: str
+    experiment_name: str
+    artifact_location: str | None
+    buffer_dir: Path
+
+    @property
+    def buffer_file(self) -> Path:
+        """One JSONL file per store, so records for one store are never replayed into another."""
+        digest = hashlib.sha1(self.uri.encode()).hexdigest()[:12]
+        return self.buffer_dir / f"{digest}.jsonl"
+
+
+def resolve(spec: TrackingSpec, default_experiment: str) -> TrackingTarget:
+    """Applies the precedence above; a sqlite store keeps artifacts in `mlartifacts/` beside its file."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.uri or default_uri()
+    artifacts = spec.artifact_location
+    db = sqlite_path(uri)
+    if artifacts is None and db is not None:
+        artifacts = (db.resolve().parent / "mlartifacts").as_uri()
+    buffer_dir = Path(spec.buffer_dir) if spec.buffer_dir else repo_root() / "mlartifacts" / "pending"
+    return TrackingTarget(
+        uri=uri,
+        experiment_name=spec.experiment_name or default_experiment,
+        artifact_location=artifacts,
+        buffer_dir=buffer_dir,
+    )

@@ -1,0 +1,78 @@
+"""`Search` without Ray: arguments and defaults, the saved state and `Search.restore` from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.search.driver import STATE_FILE, Search
+from service.spec import SpecError
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENT = REPO / "experiments" / "tiny-cpu.yaml"
+SPACE = REPO / "search_spaces" / "tiny-cpu.yaml"
+
+
+def test_arguments_override_the_space_defaults(tmp_path: Path) -> None:
+    search = Search(EXPERIMENT, SPACE, storage_path=tmp_path)
+    assert (search.algorithm, search.max_trials, search.patience, search.steps) == ("grid", 3, 2, 5)
+    search = Search(
+        EXPERIMENT, SPACE, algorithm="bayes", max_trials=5, patience=1, storage_path=tmp_path, name="s"
+    )
+    assert (search.algorithm, search.max_trials, search.patience) == ("bayes", 5, 1)
+    assert search.path == tmp_path.resolve() / "s"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"algorithm": "anneal"}, "algorithm"), ({"max_trials": 0}, "max_trials")]
+)
+def test_bad_arguments_are_spec_errors(kwargs: dict, field: str, tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        Search(EXPERIMENT, SPACE, storage_path=tmp_path, **kwargs)
+    assert info.value.field == field
+
+
+def test_state_round_trip(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    search = Search(EXPERIMENT, SPACE, algorithm="random", max_trials=2, storage_path=tmp_path, name="s1")
+    search.path.mkdir(parents=True)
+    (search.path / STATE_FILE).write_text(json.dumps(search._state()))
+    monkeypatch.setenv(
+        "MLFLOW_TRACKING_URI", "http://127.0.0.1:1"
+    )  # a restore keeps the store it started with
+    again = Search.restore(search.path)
+    assert again._restored and again.name == "s1" and again.storage_path == search.storage_path
+    assert (again.algorithm, again.max_trials, again.steps, again.guided) == ("random", 2, 5, True)
+    assert again.experiment == search.experiment and again.space == search.space
+    assert again.target == search.target and again.target.uri.endswith("/m.db")
+    assert [c.key for c in again.pruning().candidates] == [c.key for c in search.pruning().candidates]
+    assert [(p.kind, p.reason) for p in again.pruning().pruned] == [
+        (p.kind, p.reason) for p in search.pruning().pruned
+    ]
+
+
+def test_restore_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="is not a search folder"):
+        Search.restore(tmp_path)
+    (tmp_path / STATE_FILE).write_text('{"experiment": {"name": 3}}')
+    with pytest.raises(SpecError, match="is not a valid search state") as info:
+        Search.restore(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_concurrency_is_capped_by_resources_and_world_size(monkeypatch) -> None:
+    import ray
+
+    from service.search.driver import max_concurrent_trials
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 9.0, "GPU": 16.0})
+    assert max_concurrent_trials(2, "cpu") == 4  # one CPU is kept for the trial drivers
+    assert max_concurrent_trials(8, "cuda") == 2
+    assert max_concurrent_trials(3, "cuda") == 5
+    with pytest.raises(SpecError, match="a trial needs 32 GPUs but the Ray cluster offers 16"):
+        max_concurrent_trials(32, "cuda")
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with pytest.raises(SpecError, match="needs 2 CPUs"):
+        max_concurrent_trials(2, "cpu")

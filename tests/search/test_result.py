@@ -1,0 +1,107 @@
+"""How a trial's outcome is read from its reports, the result table, and the per-trial driver's
+handling of a run that fails, runs out of memory, or hangs (fake trainers, no Ray)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from service.search.prune import PrunedPlan
+from service.search.result import SearchResult, TrialRecord, split_metrics, trial_outcome
+from service.search.trial import _earlier_outcome, _fit
+from service.spec import Plan
+
+STEP = {"step": 5.0, "loss": 6.1, "tokens_per_s": 1200.0, "measured_peak_memory_bytes_per_rank": 9e8,
+        "predicted_tokens_per_s": 8000.0, "predicted_fits": 1.0, "done": 1.0}  # fmt: skip
+
+
+def test_split_metrics_separates_measured_and_predicted() -> None:
+    measured, predicted = split_metrics({**STEP, "trial_status": "ok", "nan": float("nan")})
+    assert measured == {"loss": 6.1, "tokens_per_s": 1200.0, "peak_memory_bytes_per_rank": 9e8}
+    assert predicted == {"tokens_per_s": 8000.0, "fits": 1.0}
+
+
+def test_trial_outcomes() -> None:
+    assert trial_outcome([STEP], None, steps=5) == ("ok", "", 5)
+    final = {"trial_status": "oom", "trial_reason": "can't allocate memory", "done": 1.0}
+    assert trial_outcome([final], None, steps=5) == ("oom", "can't allocate memory", 0)
+    early = {**STEP, "step": 3.0, "done": True, "last_step": 0.0}  # Tune sets `done` on a stopped trial too
+    status, reason, step = trial_outcome([early], None, steps=5)
+    assert (status, step) == ("stopped_early", 3) and "step 3 of 5" in reason
+    status, reason, _ = trial_outcome([], RuntimeError("worker died: CUDA out of memory"), steps=5)
+    assert status == "oom" and "out of memory" in reason
+    assert trial_outcome([], None, steps=5)[0] == "failed"
+    hang = RuntimeError("ray.exceptions.RayTaskError: TrialHang: hang: the trial did not finish within 35 s")
+    assert trial_outcome([early], hang, steps=5) == ("hang", "hang: the trial did not finish within 35 s", 3)
+
+
+def _record(trial_id: str, status: str, tokens: float | None) -> TrialRecord:
+    plan = Plan(dp=2, micro_batch=int(tokens or 1) % 7 + 1)
+    measured = {} if tokens is None else {"tokens_per_s": tokens}
+    return TrialRecord(trial_id=trial_id, key=plan.short(), plan=plan, status=status, measured=measured)
+
+
+def test_best_is_the_best_trial_that_ran_every_step() -> None:
+    trials = [_record("a", "ok", 100.0), _record("b", "stopped_early", 500.0), _record("c", "ok", 300.0),
+              _record("d", "oom", None)]  # fmt: skip
+    pruned = [PrunedPlan({"tp": 4}, "dp·tp·pp = 8 but the proxy has 2 workers", "invalid")]
+    result = SearchResult("tokens_per_s", "max", trials, pruned, "run123", "/tmp/x")
+    assert result.best is not None and result.best.trial_id == "c"
+    assert result.num_errors == 1 and len(result) == 4
+    assert SearchResult("tokens_per_s", "min", trials, [], None, "").best.trial_id == "a"
+    df = result.get_dataframe()
+    assert list(df["status"]) == ["ok", "stopped_early", "ok", "oom"]
+    assert df.loc[2, "measured_tokens_per_s"] == 300.0 and df.loc[2, "dp"] == 2
+    data = result.to_dict()
+    assert data["best"]["trial_id"] == "c" and data["mlflow_run_id"] == "run123"
+    assert data["pruned"][0]["kind"] == "invalid" and data["trials"][3]["status"] == "oom"
+
+
+class _Trainer:
+    def __init__(self, behaviour: str):
+        self.behaviour = behaviour
+
+    def fit(self) -> None:
+        if self.behaviour == "oom":
+            raise RuntimeError(
+                "Training failed: DefaultCPUAllocator: can't allocate memory: you tried 9e9 bytes"
+            )
+        if self.behaviour == "crash":
+            raise RuntimeError("Worker exited unexpectedly: SIGSEGV")
+        if self.behaviour == "hang":
+            time.sleep(30)
+
+
+def test_fit_classifies_outcomes_and_times_out_hangs(tmp_path: Path) -> None:
+    log = tmp_path / "trial.log"
+    assert _fit(_Trainer("ok"), 5.0, log) == ("ok", "")
+    status, reason = _fit(_Trainer("oom"), 5.0, log)
+    assert status == "oom" and "can't allocate memory" in reason
+    assert _fit(_Trainer("crash"), 5.0, log)[0] == "failed"
+    assert "SIGSEGV" in log.read_text()  # the traceback is kept in the trial log
+    started = time.monotonic()
+    status, reason = _fit(_Trainer("hang"), 0.5, log)
+    assert status == "hang" and "did not finish within 0.5 s" in reason
+    assert time.monotonic() - started < 5
+
+
+def test_earlier_outcome_recognises_a_finished_run(tmp_path: Path) -> None:
+    assert _earlier_outcome(tmp_path, steps=5) is None
+    (tmp_path / "proxy_log.jsonl").write_text(
+        '{"event": "start", "step": 0, "time": 1}\n'
+        + "".join(f'{{"event": "step", "step": {s}, "loss": 6.0, "time": 2}}\n' for s in range(1, 4))
+    )
+    assert _earlier_outcome(tmp_path, steps=5) is None  # stopped at step 3 of 5: resume it
+    with (tmp_path / "proxy_log.jsonl").open("a") as f:
+        for s in (4, 5):
+            f.write(f'{{"event": "step", "step": {s}, "loss": 5.9, "time": 4}}\n')
+    assert _earlier_outcome(tmp_path, steps=5) == ("ok", "", {})
+    (tmp_path / "outcome.json").write_text('{"status": "oom", "reason": "memory limit"}')
+    assert _earlier_outcome(tmp_path, steps=5) == ("oom", "memory limit", {})
+    with (tmp_path / "proxy_log.jsonl").open("a") as f:  # a step record carries the step's report
+        f.write('{"event": "step", "step": 5, "time": 5, "metrics": {"step": 5.0, "tokens_per_s": 900.0}}\n')
+    assert _earlier_outcome(tmp_path, steps=5) == (
+        "oom",
+        "memory limit",
+        {"step": 5.0, "tokens_per_s": 900.0},
+    )
