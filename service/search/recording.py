@@ -72,9 +72,14 @@ def start_search(
 
 
 def record_pruned(target: TrackingTarget, search_id: str, pruned: list[PrunedPlan]) -> None:
-    """One child run per pruned plan (never launched), with its reason; status KILLED."""
+    """One child run per pruned plan (never launched), with its reason; status KILLED.
+
+    Past `MAX_PRUNED_RUNS` the most telling ones get runs (predicted not to fit, then constraints, then
+    invalid layouts); `pruned.json` on the parent run lists them all.
+    """
     tracker = tracker_for(target)
-    for p in pruned[:MAX_PRUNED_RUNS]:
+    order = {"predicted_oom": 0, "constraint": 1, "invalid": 2}
+    for p in sorted(pruned, key=lambda p: order[p.kind])[:MAX_PRUNED_RUNS]:
         key = f"pruned:{search_id}:{p.label}"
         tracker.start_run(
             key,

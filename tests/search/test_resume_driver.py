@@ -38,17 +38,20 @@ def _starts(run_dir: Path) -> list[int]:
 
 
 def _wait_for_kill_point(proc: subprocess.Popen, root: Path, err: Path) -> tuple[Path, str, str]:
-    """Waits until one trial has ended and the next has saved a checkpoint; returns (path, ended, running)."""
+    """Waits until the first trial has ended (as Tune saved it) and the second has a registered
+    checkpoint (Train's snapshot file); returns (search folder, ended trial, running trial)."""
     deadline = time.monotonic() + 420
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"the search ended before it could be killed:\n{err.read_text()[-3000:]}")
         path, trials = _trials(root)
         ended = [t["trial_id"] for t in trials if t["status"] == "TERMINATED"]
-        running = [t["trial_id"] for t in trials if t["status"] == "RUNNING"]
-        snapshot = "checkpoint_manager_snapshot.json"  # Train wrote it: a checkpoint is registered
-        if path and ended and running and (path / "proxy_runs" / f"trial-{running[0]}" / snapshot).is_file():
-            return path, ended[0], running[0]
+        order = (path / "launch_order.txt").read_text().split() if path else []
+        launched = order[0::2]  # "trial_id key" per line
+        if ended and len(launched) == 2 and launched[0] == ended[0]:
+            running = launched[1]
+            if (path / "proxy_runs" / f"trial-{running}" / "checkpoint_manager_snapshot.json").is_file():
+                return path, ended[0], running
         time.sleep(0.2)
     pytest.fail("no trial ended within 420 s")
 
@@ -56,8 +59,9 @@ def _wait_for_kill_point(proc: subprocess.Popen, root: Path, err: Path) -> tuple
 def test_killed_driver_resumes_without_rerunning_finished_trials(
     tmp_path, experiment_file, space_file
 ) -> None:
-    experiment = experiment_file("resume", steps=8, checkpoint_every=2)
-    space = space_file("resume-space", {"zero_stage": [0, 1], "micro_batch": [2, 4]}, asha=None, steps=8)
+    # 16 steps: after the first checkpoint (step 2) the trial runs for seconds more, time to kill it.
+    experiment = experiment_file("resume", steps=16, checkpoint_every=2)
+    space = space_file("resume-space", {"zero_stage": [0, 1], "micro_batch": [2, 4]}, asha=None, steps=16)
     root = tmp_path / "searches"
     env = {**os.environ, "SERVICE_SEARCH_DIR": str(root)}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -94,7 +98,7 @@ def test_killed_driver_resumes_without_rerunning_finished_trials(
 
     assert [t["trial_id"] for t in data["trials"]] == [ended, running]
     assert [t["status"] for t in data["trials"]] == ["ok", "ok"]
-    assert all(t["steps"] == 8 and t["measured"]["tokens_per_s"] > 0 for t in data["trials"])
+    assert all(t["steps"] == 16 and t["measured"]["tokens_per_s"] > 0 for t in data["trials"])
     assert data["best"]["trial_id"] in (ended, running) and data["pruned"] == []
     # The finished trial ran once; the running one restarted once, from its step-2 (or later) checkpoint.
     assert _starts(path / "proxy_runs" / f"trial-{ended}") == [0]
