@@ -175,7 +175,11 @@ class Search:
 
     @classmethod
     def restore(cls, path: str | Path, progress: bool = False) -> Search:
-        """The search saved at `path` (its folder), ready for `fit()` to continue it."""
+        """The search saved at `path` (its folder), ready for `fit()` to continue it.
+
+        Tune restores the search's callbacks as they were saved, progress bar included; `progress`
+        only matters when the driver died before its Tuner started.
+        """
         folder = Path(path).resolve()
         if not cls.can_restore(folder):
             raise SpecError("resume", f"{folder} is not a search folder (no {STATE_FILE})")

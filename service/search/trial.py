@@ -6,8 +6,10 @@ flag arrives as `last_step`: see `report_callback`). The Train run is named
 after the trial id, so when a killed search is restored and Tune restarts this trial, the
 `TorchTrainer` finds its own run and resumes from the latest checkpoint.
 
-However the run ends, the trial's last report says how: `trial_status` (ok, oom, failed, invalid,
-hang) and `trial_reason`. A failing plan is a result of the search, not an error of it.
+However the run ends, the trial's last report says how: `trial_status` (ok, oom, failed, invalid)
+and `trial_reason`; a failing plan is a result of the search, not an error of it. A run still going
+after the trial timeout is the one exception: the trial raises `TrialHang` (a report would queue
+behind the run's own), and the search records it as `hang`.
 """
 
 from __future__ import annotations
@@ -50,9 +52,8 @@ def train_run_name(trial_id: str) -> str:
 def report_callback() -> Any:
     """`TuneReportCallback` that renames the worker's `done` flag to `last_step`.
 
-    Tune ends a trial on a report with `done` set; a trial ended while its `TorchTrainer` is still
-    shutting down leaves the Train run's placement group behind, and the next trial waits for those
-    CPUs (GPUs) forever. So the trial ends when `fit()` returns and this function reports how it went.
+    Tune ends a trial on a report with `done` set, killing the `TorchTrainer` while it shuts down. So
+    the trial ends when `fit()` returns, and this function reports how it went.
     """
     from ray.tune.integration.ray_train import TuneReportCallback
 

@@ -63,12 +63,8 @@ def build_tuner(search: Search, pr: PruneResult) -> Any:
         return tune.Tuner.restore(str(search.path), trainable(search, pr), resume_unfinished=True)
     space = search.space
     varied = space.params.varied()
-    points = {
-        key: {name: getattr(c.plan, name) for name in varied}
-        for key, c in ((c.key, c) for c in pr.candidates)
-    }
     searcher = PlanSearcher(
-        [(c.key, points[c.key]) for c in pr.candidates],
+        [(c.key, {name: getattr(c.plan, name) for name in varied}) for c in pr.candidates],
         varied,
         search.algorithm,
         space.metric,

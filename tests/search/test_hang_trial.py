@@ -1,0 +1,31 @@
+"""A trial that does not finish within the search's trial timeout is recorded as a hang (infeasible),
+its Train run is ended with it, and the search goes on to the next trial (real Ray, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+pytestmark = pytest.mark.slow
+
+
+def test_hung_trials_are_infeasible_and_the_search_goes_on(
+    tmp_path, experiment_file, space_file, monkeypatch
+) -> None:
+    from service.search import Search
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # 200 steps cannot finish in 6 s (starting the workers alone takes longer): every trial "hangs".
+    experiment = experiment_file("hang", steps=200)
+    space = space_file(
+        "hang-space", {"zero_stage": [0], "micro_batch": [2, 4]}, trial_timeout_s=6, asha=None, steps=200
+    )
+    result = Search(experiment, space, storage_path=tmp_path / "searches").fit()
+
+    assert [t.status for t in result.trials] == ["hang", "hang"]  # the second ran after the first hung
+    assert all(t.reason == "hang: the trial did not finish within 6 s" for t in result.trials)
+    assert result.best is None and result.num_errors == 2
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for trial in result.trials:
+        run = client.get_run(trial.mlflow_run_id)
+        assert run.info.status == "FAILED" and run.data.tags["trial_status"] == "hang"
