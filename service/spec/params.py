@@ -1,0 +1,248 @@
+"""`ModelParams`: the cost model's fitted parameters, what they were fit on, and the error they carry.
+
+The analytical cost model (service/costmodel) takes its hardware priors from the GPU catalog. A few
+named, physically meaningful factors sit on top of those priors; `service.calibrate` fits them on
+measured runs (published, a user's own, proxies) within a plausible band, and scores the fit on runs
+it was not fit on (leave-one-source-out). The resulting set is a versioned data file
+(service/catalog/params/*.yaml) that says which runs it was fit on, and carries the out-of-sample
+residuals from which every estimate's prediction interval is derived.
+
+`ModelParams()` with no arguments is the uncalibrated analytical prior (every factor at its neutral
+value, no interval data): the cost model then answers exactly as its cited formulas do.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Band(BaseModel):
+    """One parameter's value and the physical range it may not leave."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    value: float
+    low: float
+    high: float
+    unit: str = ""
+    meaning: str = ""
+
+    @model_validator(mode="after")
+    def _inside(self) -> Band:
+        if not self.low <= self.value <= self.high:
+            raise ValueError(f"value {self.value} outside its band [{self.low}, {self.high}]")
+        return self
+
+    def at_bound(self, rel: float = 1e-3) -> str | None:
+        """'low' / 'high' when the value sits on that edge of its band (the data push past it)."""
+        span = self.high - self.low
+        if self.value <= self.low + rel * span:
+            return "low"
+        if self.value >= self.high - rel * span:
+            return "high"
+        return None
+
+
+def _band(value: float, low: float, high: float, unit: str, meaning: str) -> Band:
+    return Band(value=value, low=low, high=high, unit=unit, meaning=meaning)
+
+
+def default_bands() -> dict[str, Band]:
+    """The fittable factors at their neutral (analytical-prior) values, with their physical bands.
+
+    Bands are what the physics allows, not what fits: GEMMs cannot beat the catalog's sustained peak
+    by more than clock headroom (+10 %), NCCL cannot exceed the link rate, an overhead is not negative.
+    """
+    return {
+        "gemm_efficiency_scale": _band(
+            1.0, 0.6, 1.1, "×", "multiplies the GPU catalog's sustained GEMM efficiency (cuBLAS)"
+        ),
+        "attention_efficiency_scale": _band(
+            1.0, 0.5, 1.3, "×", "multiplies the catalog's fused-attention efficiency (FlashAttention fwd)"
+        ),
+        "attention_backward_ratio": _band(
+            2.5, 2.0, 4.0, "× fwd time", "flash-attention backward time over forward time (FLOPs ratio 2.5)"
+        ),
+        "elementwise_scale": _band(
+            1.0, 0.3, 2.5, "×", "multiplies the non-matmul HBM traffic (fused kernels < 1 < eager copies)"
+        ),
+        "inter_node_bus_efficiency": _band(
+            0.8, 0.3, 0.95, "of link", "NCCL bus bandwidth across nodes over the NIC line rate"
+        ),
+        "intra_node_bus_efficiency": _band(
+            0.8, 0.4, 0.95, "of link", "NCCL bus bandwidth over NVLink over its line rate"
+        ),
+        "collective_latency_scale": _band(
+            1.0, 0.25, 4.0, "×", "multiplies the per-hop latencies of NCCL's tuning model"
+        ),
+        "step_overhead_s": _band(
+            0.0, 0.0, 2.0, "s", "fixed time per optimizer step (data loading, clipping, logging, launch)"
+        ),
+        "microstep_overhead_s": _band(
+            0.0, 0.0, 0.2, "s", "fixed time per micro-step (framework hooks, Python, synchronisation)"
+        ),
+        "activation_memory_scale": _band(
+            1.0, 0.7, 1.5, "×", "multiplies saved-activation memory (calibrated on proxy measurements)"
+        ),
+    }
+
+
+DEFAULT_PARAMS_PATH = Path(__file__).parent.parent / "catalog" / "params" / "default.yaml"
+
+TIME_PARAMS = (
+    "gemm_efficiency_scale",
+    "attention_efficiency_scale",
+    "attention_backward_ratio",
+    "elementwise_scale",
+    "inter_node_bus_efficiency",
+    "intra_node_bus_efficiency",
+    "collective_latency_scale",
+    "step_overhead_s",
+    "microstep_overhead_s",
+)
+MEMORY_PARAMS = ("activation_memory_scale",)
+
+
+class Domain(BaseModel):
+    """The region the fit saw: an estimate outside it gets a wider interval (see `widening`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_gpus: int = Field(0, ge=0, description="Most GPUs of any fitted run (0 = no data).")
+    max_seq_len: int = Field(0, ge=0, description="Longest sequence of any fitted run.")
+    gpu_types: list[str] = Field(default_factory=list, description="GPU catalog names the fit saw.")
+
+
+class Residuals(BaseModel):
+    """Out-of-sample log residuals log(measured / predicted) of the fit, by leave-one-source-out.
+
+    The 80 % interval of a new estimate is predicted × exp([q10, q90] × widening).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n: int = Field(0, ge=0)
+    q10: float = 0.0
+    q90: float = 0.0
+    method: str = ""
+
+
+class ModelParams(BaseModel):
+    """A named parameter set: values with bands, the runs it was fit on, and its out-of-sample error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("analytical-prior", description="Name of this parameter set.")
+    version: int = Field(1, ge=1, description="Bumped whenever the set is refit.")
+    created: str = Field("", description="When it was fit (UTC, ISO 8601).")
+    fit_on: list[str] = Field(default_factory=list, description="Sources (or run ids) it was fit on.")
+    fit_runs: int = Field(0, ge=0, description="How many runs it was fit on.")
+    note: str = Field("", description="What a reader must know about this set.")
+    values: dict[str, Band] = Field(default_factory=default_bands)
+    residuals: Residuals = Field(default_factory=Residuals)
+    domain: Domain = Field(default_factory=Domain)
+    # Log-interval widening per doubling outside the fitted domain (GPUs, sequence length) and for an
+    # unseen GPU type; see `widening`.
+    widen_per_doubling: float = Field(0.25, ge=0)
+    widen_unseen_gpu: float = Field(0.5, ge=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ModelParams:
+        defaults = default_bands()
+        unknown = sorted(set(self.values) - set(defaults))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown}; allowed: {sorted(defaults)}")
+        missing = {k: v for k, v in defaults.items() if k not in self.values}
+        if missing:
+            object.__setattr__(self, "values", {**missing, **self.values})
+        return self
+
+    def __getitem__(self, name: str) -> float:
+        return self.values[name].value
+
+    @property
+    def has_interval(self) -> bool:
+        return self.residuals.n > 0
+
+    def with_values(self, values: dict[str, float], **meta: Any) -> ModelParams:
+        """A copy with new values (each kept in its band) and new metadata."""
+        bands = {
+            k: b.model_copy(update={"value": float(min(max(values.get(k, b.value), b.low), b.high))})
+            for k, b in self.values.items()
+        }
+        return self.model_copy(update={"values": bands, "created": datetime.now(UTC).isoformat(), **meta})
+
+    def at_bounds(self) -> dict[str, str]:
+        """Parameters sitting on an edge of their band: the data would push them further."""
+        return {k: edge for k, b in self.values.items() if (edge := b.at_bound()) is not None}
+
+    def widening(self, num_gpus: Any, seq_len: Any, gpu_name: str) -> Any:
+        """Factor (≥ 1) on the log-interval for an estimate at (num_gpus, seq_len, gpu) — the stated rule:
+        1 + widen_per_doubling × (doublings beyond the largest fitted GPU count + doublings beyond the
+        longest fitted sequence) + widen_unseen_gpu if the GPU type was not in the fit."""
+        import numpy as np
+
+        d = self.domain
+        if d.max_gpus == 0:
+            return np.ones_like(np.asarray(num_gpus, dtype=float))
+        gpus_out = np.maximum(0.0, np.log2(np.asarray(num_gpus, dtype=float) / d.max_gpus))
+        seq_out = np.maximum(0.0, np.log2(np.asarray(seq_len, dtype=float) / max(d.max_seq_len, 1)))
+        unseen = 0.0 if gpu_name in d.gpu_types else self.widen_unseen_gpu
+        return 1.0 + self.widen_per_doubling * (gpus_out + seq_out) + unseen
+
+    def summary(self) -> dict[str, Any]:
+        """What `estimate --json` and `plan --json` print under `params`."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "fit_on": self.fit_on,
+            "fit_runs": self.fit_runs,
+            "interval": (
+                f"80 %: out-of-sample (leave-one-source-out) log residuals q10 {self.residuals.q10:+.3f}, "
+                f"q90 {self.residuals.q90:+.3f} over {self.residuals.n} runs, widened outside the fit"
+                if self.has_interval
+                else "none: uncalibrated analytical prior"
+            ),
+        }
+
+
+def interval_bounds(
+    predicted: Any, params: ModelParams, num_gpus: Any, seq_len: Any, gpu_name: str
+) -> tuple[Any, Any]:
+    """(low, high) 80 % interval around `predicted` tokens/s; equal to it when the set has no residuals."""
+    import numpy as np
+
+    w = params.widening(num_gpus, seq_len, gpu_name)
+    r = params.residuals
+    low = np.asarray(predicted, dtype=float) * np.exp(min(r.q10, 0.0) * w)
+    high = np.asarray(predicted, dtype=float) * np.exp(max(r.q90, 0.0) * w)
+    return low, high
+
+
+def load_params(path: str | Path | None = None) -> ModelParams:
+    """A parameter set from a YAML file; None = the shipped default (service/catalog/params/default.yaml)."""
+    from service.spec.errors import validate_as
+    from service.spec.experiment import read_yaml
+
+    p = Path(path) if path is not None else DEFAULT_PARAMS_PATH
+    if path is None and not p.is_file():
+        return ModelParams()
+    return validate_as(ModelParams, read_yaml(p), str(p))
+
+
+def save_params(params: ModelParams, path: str | Path) -> Path:
+    """Writes `params` as YAML (the format `load_params` reads)."""
+    import yaml
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    data = params.model_dump(mode="json")
+    p.write_text(
+        f"# Cost-model parameter set '{params.name}' v{params.version}: written by "
+        "`python -m service calibrate`.\n" + yaml.safe_dump(data, sort_keys=False)
+    )
+    return p
