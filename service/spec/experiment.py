@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.spec.errors import SpecError, validate_as
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
+from service.spec.production import GoodputSpec, GPUAlternative
 from service.spec.proxy import ProxySpec
 from service.spec.tracking import TrackingSpec
 from service.spec.workload import Budget, Workload
@@ -38,6 +39,13 @@ class ExperimentSpec(BaseModel):
     budget: Budget = Field(default_factory=Budget, description="Dollar and hour limits, objective.")  # type: ignore[arg-type]
     proxy: ProxySpec = Field(default_factory=ProxySpec, description="How proxy runs scale the model down.")  # type: ignore[arg-type]
     tracking: TrackingSpec = Field(default_factory=TrackingSpec, description="MLflow settings.")  # type: ignore[arg-type]
+    goodput: GoodputSpec = Field(
+        default_factory=GoodputSpec,  # type: ignore[arg-type]
+        description="Interruption rate, checkpoint storage bandwidth, restart time (cited defaults).",
+    )
+    alternatives: list[GPUAlternative] = Field(
+        default_factory=list, description="Other GPU types / clusters compared under the same budget."
+    )
 
     @field_validator("model", mode="before")
     @classmethod

@@ -35,7 +35,7 @@ def error_of(path: Path) -> SpecError:
         (
             lambda d: d.update(nmae=d.pop("name")),
             "nmae",
-            "unknown field; allowed: budget, cluster, model, name",
+            "unknown field; allowed: alternatives, budget, cluster, goodput, model, name",
         ),
         (lambda d: d["cluster"].update(gpus=8), "cluster.gpus", "allowed: gpu, gpus_per_node, num_nodes"),
         (lambda d: d["budget"].update(max_dollars=-1), "budget.max_dollars", "greater than 0"),

@@ -1,0 +1,74 @@
+"""What the production run faces beyond the plan: interruptions, checkpoint storage, other GPU types.
+
+Both are optional parts of an experiment; their defaults cite where each number comes from, so an
+experiment without them still gets a goodput estimate with stated sources.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.spec.hardware import ClusterSpec
+
+# Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.4, Table 5): 419 unexpected interruptions in a
+# 54-day snapshot of pre-training on 16,384 H100 GPUs.
+LLAMA3_INTERRUPTIONS = 419
+LLAMA3_DAYS = 54
+LLAMA3_GPUS = 16_384
+LLAMA3_RATE_PER_GPU_HOUR = LLAMA3_INTERRUPTIONS / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
+LLAMA3_SOURCE = (
+    "Llama 3 paper (Dubey et al. 2024, arXiv:2407.21783, §3.3.4): 419 unexpected interruptions in "
+    "54 days on 16,384 H100 GPUs"
+)
+# Same paper, §3.3.1: Tectonic sustains 2 TB/s (peaks 7 TB/s) for 16,384 GPUs' checkpoints.
+STORAGE_GB_PER_S_PER_GPU = 2000.0 / LLAMA3_GPUS
+STORAGE_SOURCE = (
+    "Llama 3 paper §3.3.1: Tectonic storage sustains 2 TB/s for 16,384 GPUs, i.e. 0.122 GB/s per GPU "
+    "writing in parallel"
+)
+
+
+class GoodputSpec(BaseModel):
+    """Interruptions and checkpointing of the production run (what turns step time into wall-clock).
+
+    Example (YAML, under an experiment):
+        goodput: {interruptions_per_gpu_hour: 2.0e-5, storage_bandwidth_gb_per_s: 4.0, restart_minutes: 10}
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interruptions_per_gpu_hour: float = Field(
+        LLAMA3_RATE_PER_GPU_HOUR,
+        ge=0,
+        description="Unexpected job interruptions per GPU-hour (default: Llama 3's rate, see the source).",
+    )
+    interruption_source: str = Field(LLAMA3_SOURCE, description="Where the rate comes from.")
+    storage_bandwidth_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Aggregate checkpoint write bandwidth (GB/s); default 0.122 GB/s per GPU (Llama 3).",
+    )
+    storage_source: str = Field(STORAGE_SOURCE, description="Where the bandwidth comes from.")
+    restart_minutes: float = Field(
+        10.0,
+        ge=0,
+        description="Time from an interruption to training again, before reading the checkpoint "
+        "(rescheduling, process start-up, NCCL init); an assumption, set yours.",
+    )
+
+    def bandwidth_gb_per_s(self, num_gpus: int) -> float:
+        if self.storage_bandwidth_gb_per_s is not None:
+            return self.storage_bandwidth_gb_per_s
+        return STORAGE_GB_PER_S_PER_GPU * num_gpus
+
+
+class GPUAlternative(BaseModel):
+    """Another cluster the same run could use, compared under the same budget.
+
+    Example (YAML): `alternatives: [{cluster: {gpu: a100-sxm-80gb, num_nodes: 8}, availability: "2 weeks"}]`
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: ClusterSpec = Field(description="GPU type, nodes, GPUs per node and price per GPU-hour.")
+    availability: str = Field("", description="When or how it can be had (reported, not scored).")
