@@ -22,6 +22,11 @@ COMMANDS = {
         "Run one plan for real at proxy scale on Ray (DeepSpeed workers) and measure it.",
     ),
     "search": ("search", "Search plans on proxies with Ray Tune, pruned by the model, recorded to MLflow."),
+    "mlflow-server": (
+        "mlflow_server",
+        "Serve MLflow (store + proxied artifacts) on 127.0.0.1 for drivers and the UI.",
+    ),
+    "profile": ("profile", "Time this device's kernels over a model's shapes; write a profile and catalog entry."),
 }
 
 

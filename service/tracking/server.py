@@ -48,17 +48,23 @@ def mlflow_server(
     artifacts_destination: str | Path | None = None,
     log_path: Path | None = None,
     timeout_s: float = 90.0,
+    host: str = "127.0.0.1",
+    serve_artifacts: bool = True,
 ) -> Iterator[str]:
-    """Runs `mlflow server` on 127.0.0.1 for the duration of the block; yields its URL."""
+    """Runs `mlflow server` on `host` (127.0.0.1 unless told) for the duration of the block; yields its URL.
+
+    With `serve_artifacts` the server proxies artifact uploads and downloads to `artifacts_destination`,
+    so clients need no access to the artifact store itself.
+    """
     port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     cmd = [
         sys.executable,
         "-m",
         "mlflow",
         "server",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--workers",
@@ -66,7 +72,8 @@ def mlflow_server(
         "--backend-store-uri",
         backend_store_uri,
     ]
-    if artifacts_destination is not None:
+    cmd.append("--serve-artifacts" if serve_artifacts else "--no-serve-artifacts")
+    if artifacts_destination is not None and serve_artifacts:
         cmd += ["--artifacts-destination", str(artifacts_destination)]
     log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,93 @@
+"""`python -m service mlflow-server [--host 127.0.0.1] [--port 5000] [--backend-store-uri URI]
+[--artifacts-destination URI] [--no-serve-artifacts]`
+
+Runs MLflow's tracking server for drivers on this machine (on a cluster: the head) and for the UI
+through a tunnel. The store is sqlite under the repo unless told (`postgresql://user@host/db` for a
+store shared by several heads); artifacts are proxied by the server (`mlflow-artifacts:/`), so a
+client needs the server's URL and nothing else. It binds 127.0.0.1 unless given a private address;
+it refuses to listen on every interface. Prints the URI to export as MLFLOW_TRACKING_URI, then serves
+until Ctrl-C or SIGTERM (which stop the server it started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import sys
+import time
+from types import FrameType
+
+from service.spec.errors import SpecError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from service.tracking.uri import default_uri, repo_root
+
+    parser.add_argument("--host", default="127.0.0.1", help="Address to bind (default: 127.0.0.1).")
+    parser.add_argument("--port", type=int, default=5000, help="Port (default: 5000).")
+    parser.add_argument(
+        "--backend-store-uri",
+        default=default_uri(),
+        help="sqlite:///PATH or postgresql://... (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--artifacts-destination",
+        default=str(repo_root() / "mlartifacts"),
+        help="Where the proxied artifacts go: a folder (shared storage on a cluster) or s3://... "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--serve-artifacts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Proxy artifact uploads and downloads through the server (default: on).",
+    )
+
+
+def check_host(host: str) -> None:
+    """Loopback or a private address; never every interface or a public address."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if host == "localhost":
+            return
+        raise SpecError("--host", f"{host!r} is not an IP address; give 127.0.0.1 or a private one") from None
+    if address.is_unspecified or not (address.is_loopback or address.is_private):
+        raise SpecError(
+            "--host",
+            f"{host} would expose MLflow beyond this machine's private network; use 127.0.0.1 and a tunnel "
+            "(ssh -L 5000:127.0.0.1:5000) or a private address",
+        )
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # runs the server's clean-up, as Ctrl-C does
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.tracking.server import mlflow_server
+
+    check_host(args.host)
+    if not 0 < args.port < 65536:
+        raise SpecError("--port", f"must be 1-65535, got {args.port}")
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    artifacts = args.artifacts_destination if args.serve_artifacts else None
+    try:
+        with mlflow_server(
+            args.backend_store_uri,
+            args.port,
+            artifacts,
+            host=args.host,
+            serve_artifacts=args.serve_artifacts,
+        ) as url:
+            where = f"artifacts proxied to {artifacts}" if artifacts else "artifacts not served"
+            print(f"MLflow server on {url} (store {args.backend_store_uri}; {where}); Ctrl-C to stop")
+            print(f"export MLFLOW_TRACKING_URI={url}", flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    except (RuntimeError, TimeoutError) as err:  # the server exited or never answered
+        print(f"error: mlflow server: {err}", file=sys.stderr)
+        return 1

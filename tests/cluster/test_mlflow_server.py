@@ -1,0 +1,79 @@
+"""`python -m service mlflow-server`: serves a store on loopback, takes a run over HTTP (params, metrics
+and a proxied artifact that lands in --artifacts-destination), gives it back, and stops cleanly on
+SIGTERM, taking its `mlflow server` with it. Exposing it on every interface is refused in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from manifest_checks import ROOT
+
+from service.tracking.server import free_port
+
+
+def _start(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "service", "mlflow-server", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{tmp_path / 'store.db'}",
+           "--artifacts-destination", str(tmp_path / "artifacts")]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline() if proc.stdout else ""
+        if not line and proc.poll() is not None:
+            break
+        lines.append(line)
+        if line.startswith("export MLFLOW_TRACKING_URI="):
+            return proc, line.split("=", 1)[1].strip()
+    proc.kill()
+    raise AssertionError(f"no URI printed: {''.join(lines)[-2000:]}")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_serves_a_run_over_http_and_stops_on_sigterm(tmp_path: Path):
+    from mlflow import MlflowClient
+
+    port = free_port()
+    proc, uri = _start(tmp_path, port)
+    try:
+        assert uri == f"http://127.0.0.1:{port}"
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.create_experiment("cluster-check")
+        run = client.create_run(exp, run_name="from-a-driver")
+        client.log_param(run.info.run_id, "plan", "z3-tp1")
+        client.log_metric(run.info.run_id, "tokens_per_s", 1234.5, step=3)
+        client.log_text(run.info.run_id, "hello from the driver", "notes/hello.txt")
+        client.set_terminated(run.info.run_id)
+
+        again = MlflowClient(tracking_uri=uri).get_run(run.info.run_id)  # read back over HTTP
+        assert again.data.params == {"plan": "z3-tp1"} and again.data.metrics["tokens_per_s"] == 1234.5
+        assert again.info.artifact_uri.startswith("mlflow-artifacts:")  # proxied, not a client path
+        stored = list((tmp_path / "artifacts").rglob("hello.txt"))
+        assert len(stored) == 1 and stored[0].read_text() == "hello from the driver"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0
+    assert not _listening(port)  # the mlflow server it started went with it
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "8.8.8.8"])
+def test_refuses_public_binding_in_one_line(host: str):
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "mlflow-server", "--host", host],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--host" in proc.stderr and "Traceback" not in proc.stderr
