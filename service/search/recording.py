@@ -71,8 +71,16 @@ def start_search(
         tracker.log_text(key, text, name)
 
 
+# MLflow run state of a pruned plan. A pruned plan was never launched: its run records a decision (the
+# model's prediction and the rule or constraint that excluded it), and that record is complete. MLflow
+# reads FAILED as a crash and KILLED as a run stopped while it ran (which is what an ASHA-stopped
+# trial is, see `_STATUS_TO_RUN`), so neither fits: FINISHED, with `trial_status=pruned` saying what
+# it is (filter `tags.trial_status = 'ok'` for measured plans) and the reason as the run's description.
+PRUNED_RUN_STATUS = "FINISHED"
+
+
 def record_pruned(target: TrackingTarget, search_id: str, pruned: list[PrunedPlan]) -> None:
-    """One child run per pruned plan (never launched), with its reason; status KILLED.
+    """One child run per pruned plan (never launched), with its reason; state `PRUNED_RUN_STATUS`.
 
     Past `MAX_PRUNED_RUNS` the most telling ones get runs (predicted not to fit, then constraints, then
     invalid layouts); `pruned.json` on the parent run lists them all.
@@ -85,11 +93,16 @@ def record_pruned(target: TrackingTarget, search_id: str, pruned: list[PrunedPla
             key,
             f"pruned {p.label}",
             parent_key=parent_key(search_id),
-            tags={"trial_status": "pruned", "prune_kind": p.kind, "trial_reason": p.reason},
+            tags={
+                "trial_status": "pruned",
+                "prune_kind": p.kind,
+                "trial_reason": p.reason,
+                "mlflow.note.content": f"Not launched ({p.kind}): {p.reason}",
+            },
         )
         fields = p.plan.model_dump() if p.plan is not None else p.point
         tracker.log_batch(key, params=_plan_params(fields), metrics=p.predicted)  # keys are predicted_*
-        tracker.end_run(key, "KILLED")
+        tracker.end_run(key, PRUNED_RUN_STATUS)
 
 
 def finish_search(target: TrackingTarget, search_id: str, result: SearchResult) -> None:
@@ -215,11 +228,11 @@ class TrialRecorder(Callback):
     def _log_artifacts(self, key: str, trial: Any, plan_key: str) -> None:
         from service.spec.plan import Plan
         from service.train.ds_config import deepspeed_config
-        from service.train.proxy_scale import proxy_plan
+        from service.train.proxy_scale import proxy_model, proxy_plan
 
         tracker = tracker_for(self.target)
         plan = proxy_plan(self.experiment, Plan.model_validate(self.plans[plan_key]))
-        ds = deepspeed_config(plan, self.experiment.proxy)
+        ds = deepspeed_config(plan, self.experiment.proxy, proxy_model(self.experiment))
         tracker.log_text(key, json.dumps(ds, indent=2, default=str), "ds_config.json")
         trial_dir = Path(trial.local_path or "")
         for name in (TRIAL_LOG, "stdout", "stderr", "error.txt"):
