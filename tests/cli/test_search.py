@@ -159,4 +159,15 @@ def test_report_lists_trials_best_pruned_and_records() -> None:
     assert f"best: {ok.short()} (tokens_per_s 1,141.6)" in text
     assert "pruned: 1 ({'invalid': 1})" in text and "mlflow: run run123" in text
     assert "3 records kept in /p.jsonl" in text and "resume or inspect: /tmp/searches/s" in text
-    assert json.dumps(result.to_dict())  # the --json document is serialisable
+    data = json.loads(json.dumps(result.to_dict()))  # the --json document round-trips through JSON
+    assert data["best"]["trial_id"] == "bbbb2222" and data["best"]["measured"]["tokens_per_s"] == 1141.6
+    assert [t["status"] for t in data["trials"]] == ["oom", "ok"]
+    assert data["pruned"] == [
+        {
+            "plan": None,
+            "point": {"tp": 4},
+            "kind": "invalid",
+            "reason": "dp·tp·pp = 4 but the proxy has 2 workers",
+        }
+    ]
+    assert data["mlflow_run_id"] == "run123" and data["tracking"]["pending_records"] == 3

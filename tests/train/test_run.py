@@ -85,7 +85,6 @@ def test_proxy_scale_keeps_the_plan_shape(tiny):
 
 
 def test_prediction_has_every_key_and_sane_values(tiny):
-    pytest.importorskip("service.costmodel")
     got = predict_proxy(tiny, Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2))
     assert set(got) == set(PREDICTED_KEYS)
     assert all(math.isfinite(v) for v in got.values())
