@@ -1,0 +1,57 @@
+"""The valid-plan counts other tests quote (666 for Llama-2-13B on 32 GPUs, 423 for Llama-2-70B on
+1,024) derived independently: a brute-force loop over every layout, written from the rules as they are
+documented (DeepSpeed's limits and the cluster/workload identities), not from the enumerator's code."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from service.catalog import load_model
+from service.plans.enumerate import enumerate_plans
+from service.spec import ClusterSpec, Workload
+
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # powers of two up to the planner's cap
+
+
+def brute_force_count(layers: int, heads: int, kv_heads: int, gpus: int, per_node: int, batch: int) -> int:
+    """Plans (bf16) that can run, counted one by one. The documented rules:
+    - dp·tp·pp = GPUs; tp divides the attention and the KV heads, and divides (≤) the GPUs of a node;
+      pp divides the layers;
+    - micro_batch·grad_accum·dp = the global batch (grad_accum a positive integer);
+    - parameter offload needs ZeRO-3; optimizer offload needs ZeRO ≥ 1;
+    - DeepSpeed's pipeline engine takes ZeRO 0-1; AutoTP takes ZeRO 0-2; AutoTP and the pipeline
+      engine do not combine; sequence parallelism needs tp > 1.
+    """
+    count = 0
+    divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
+    layouts = [(dp, tp, gpus // (dp * tp)) for dp in divisors for tp in divisors if gpus % (dp * tp) == 0]
+    for dp, tp, pp in layouts:  # every (dp, tp, pp) with dp·tp·pp = GPUs
+        if heads % tp or kv_heads % tp or per_node % tp or layers % pp:
+            continue
+        for zero, off_opt, off_par, _recompute, sp, mb in itertools.product(
+            range(4), (False, True), (False, True), range(3), (False, True), MICRO_BATCHES
+        ):
+            if (off_par and zero != 3) or (off_opt and zero == 0):
+                continue
+            if (pp > 1 and zero > 1) or (tp > 1 and zero == 3) or (tp > 1 and pp > 1) or (sp and tp == 1):
+                continue
+            if batch % (mb * dp) == 0:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize(
+    ("model", "nodes", "batch", "expected"),
+    [("llama2-13b", 4, 128, 666), ("llama2-70b", 128, 1024, 423)],
+)
+def test_enumerator_counts_match_a_brute_force_count(model: str, nodes: int, batch: int, expected: int):
+    spec = load_model(model)
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=nodes, gpus_per_node=8)
+    brute = brute_force_count(
+        spec.num_layers, spec.num_attention_heads, spec.kv_heads, cluster.num_gpus, 8, batch
+    )
+    assert brute == expected  # the number the planner tests quote comes from the rules, not the code
+    workload = Workload(seq_len=4096, global_batch_sequences=batch, tokens_to_train=2e9)
+    assert len(enumerate_plans(spec, cluster, workload).plans) == brute
