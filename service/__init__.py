@@ -7,7 +7,7 @@ DeepSpeed) are imported only when their names are first used.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.spec import (
     Budget,
@@ -32,7 +32,17 @@ _LAZY: dict[str, str] = {
     "PlanResult": "service.planner",
     "RankedPlan": "service.planner",
     "estimate_plan": "service.planner",
+    "Search": "service.search",
+    "SearchConfig": "service.search",
+    "SearchResult": "service.search",
+    "SearchSpace": "service.search",
 }
+
+if TYPE_CHECKING:  # what mypy sees for the lazy names of the search API
+    from service.search import Search as Search
+    from service.search import SearchConfig as SearchConfig
+    from service.search import SearchResult as SearchResult
+    from service.search import SearchSpace as SearchSpace
 
 __all__ = [
     "Budget",

@@ -1,14 +1,30 @@
 """Search service: Ray Tune searches parallel plans on proxy runs, pruned by the cost model, in MLflow.
 
 `Search(experiment, space, algorithm=..., max_trials=...).fit() -> SearchResult`, `Search.restore(path)`,
-`SearchSpace` / `load_space` for the strict search-space schema.
+`SearchSpace` / `load_space` for the strict search-space schema, `SearchConfig` / `RunConfig` for settings.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from service.search.config import RunConfig, SearchConfig
 from service.search.space import SearchSpace, load_space, space_from_dict
 
-__all__ = ["Search", "SearchResult", "SearchSpace", "TrialRecord", "load_space", "space_from_dict"]
+if TYPE_CHECKING:
+    from service.search.driver import Search
+    from service.search.result import SearchResult, TrialRecord
+
+__all__ = [
+    "RunConfig",
+    "Search",
+    "SearchConfig",
+    "SearchResult",
+    "SearchSpace",
+    "TrialRecord",
+    "load_space",
+    "space_from_dict",
+]
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]

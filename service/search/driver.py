@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
 
+from service.search.config import RunConfig, SearchConfig, merge
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
 from service.search.result import SearchResult, TrialRecord, split_metrics, trial_outcome
 from service.search.space import Algorithm, SearchSpace, load_space, space_from_dict
@@ -88,9 +90,15 @@ def max_concurrent_trials(world_size: int, device: str) -> int:
 class Search:
     """Searches the plans of `space` for `experiment` on proxy runs.
 
+    Settings come as config objects (`SearchConfig`, `RunConfig`, as in Ray Tune) or as the keyword
+    arguments of the same names, one or the other per setting.
+
     Args:
         experiment: `ExperimentSpec` or a path to its YAML.
         space: `SearchSpace`, a path to its YAML, or the same data as a dict.
+        config: how the search runs (algorithm, max_trials, patience, steps, trial_timeout_s, seed,
+            guided); see `SearchConfig`.
+        run_config: where it is kept and what it shows (storage_path, name, progress); see `RunConfig`.
         algorithm: grid (model order), random, or bayes (Optuna TPE); default: the space's.
         max_trials: most trials to launch; default: the space's, else every candidate.
         patience: stop after this many ended trials without a new best; default: the space's.
@@ -101,6 +109,17 @@ class Search:
             `<repo>/ray_results/search`).
         name: the search's folder and MLflow run name (default: experiment-space-algorithm-time).
         progress: show a progress bar on stderr.
+        seed: seed of the random order and the TPE sampler; default: the space's.
+
+    Example:
+        >>> from service import Search, SearchSpace
+        >>> from service.search import RunConfig, SearchConfig
+        >>> search = Search("experiments/tiny-cpu.yaml",
+        ...                 SearchSpace(params={"zero_stage": [0, 1], "micro_batch": [2, 4]}),
+        ...                 config=SearchConfig(algorithm="grid", max_trials=2, steps=4),
+        ...                 run_config=RunConfig(storage_path="/tmp/searches"))
+        >>> result = search.fit()                                                     # doctest: +SKIP
+        >>> best = result.get_best_result("tokens_per_s", "max")                      # doctest: +SKIP
     """
 
     def __init__(
@@ -108,15 +127,17 @@ class Search:
         experiment: ExperimentSpec | str | Path,
         space: SearchSpace | str | Path | dict[str, Any],
         *,
+        config: SearchConfig | None = None,
+        run_config: RunConfig | None = None,
         algorithm: str | None = None,
         max_trials: int | None = None,
         patience: int | None = None,
         steps: int | None = None,
         trial_timeout_s: float | None = None,
-        guided: bool = True,
+        guided: bool | None = None,
         storage_path: str | Path | None = None,
         name: str | None = None,
-        progress: bool = False,
+        progress: bool | None = None,
         seed: int | None = None,
     ):
         self.experiment = (
@@ -126,25 +147,31 @@ class Search:
             self.space = space
         else:
             self.space = load_space(space) if isinstance(space, str | Path) else space_from_dict(space)
+        given = dict(
+            algorithm=algorithm, max_trials=max_trials, patience=patience, steps=steps,
+            trial_timeout_s=trial_timeout_s, seed=seed, guided=guided,
+        )  # fmt: skip
+        self.config = SearchConfig(**merge(config or SearchConfig(), given))
+        run = RunConfig(
+            **merge(run_config or RunConfig(), dict(storage_path=storage_path, name=name, progress=progress))
+        )
         settings = self.space.search
-        self.algorithm = algorithm or settings.algorithm
+        self.algorithm = self.config.algorithm or settings.algorithm
         if self.algorithm not in get_args(Algorithm):
             raise SpecError(
                 "algorithm", f"unknown algorithm {self.algorithm!r}; allowed: grid, random, bayes"
             )
-        if max_trials is not None and max_trials <= 0:
-            raise SpecError("max_trials", f"must be positive, got {max_trials}")
-        self.max_trials = max_trials or settings.max_trials
-        self.patience = settings.patience if patience is None else patience
-        self.steps = steps or settings.steps or self.experiment.proxy.steps
-        self.trial_timeout_s = trial_timeout_s or settings.trial_timeout_s
-        self.seed = settings.seed if seed is None else seed
-        self.guided = guided
-        self.progress = progress
+        self.max_trials = self.config.max_trials or settings.max_trials
+        self.patience = settings.patience if self.config.patience is None else self.config.patience
+        self.steps = self.config.steps or settings.steps or self.experiment.proxy.steps
+        self.trial_timeout_s = self.config.trial_timeout_s or settings.trial_timeout_s
+        self.seed = settings.seed if self.config.seed is None else self.config.seed
+        self.guided = self.config.guided
+        self.progress = run.progress
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.name = name or f"{self.experiment.name}-{self.space.name}-{self.algorithm}-{stamp}"
+        self.name = run.name or f"{self.experiment.name}-{self.space.name}-{self.algorithm}-{stamp}"
         default_storage = os.environ.get(RESULTS_ENV) or repo_root() / "ray_results" / "search"
-        self.storage_path = Path(storage_path or default_storage).resolve()
+        self.storage_path = Path(run.storage_path or default_storage).resolve()
         self.target: TrackingTarget = resolve(self.experiment.tracking, self.experiment.name)
         self._pruning: PruneResult | None = None
         self._restored = False
@@ -307,13 +334,16 @@ class Search:
         tracker = tracker_for(self.target)
         if tracker.pending_count():
             tracker.connect()  # one more try, so the report says whether records still wait
-        result.tracking = tracker.status()
-        result.mlflow_run_id = tracker.run_id(parent_key(self.name))
-        result.trials = [
+        trials = [
             t.model_copy(update={"mlflow_run_id": tracker.run_id(trial_key(self.name, t.trial_id))})
             for t in result.trials
         ]
-        return result
+        return dataclasses.replace(
+            result,
+            trials=trials,
+            tracking=tracker.status(),
+            mlflow_run_id=tracker.run_id(parent_key(self.name)),
+        )
 
     def _collect(self, grid: Any, pr: PruneResult) -> SearchResult:
         """One `TrialRecord` per Tune trial, from its reports (every step) and Tune's error."""
@@ -351,11 +381,15 @@ class Search:
                 )
             )
         trials.sort(key=self._launch_rank())
-        result = SearchResult(
-            self.space.metric, self.space.direction, trials, pr.pruned, None, str(self.path)
+        return SearchResult(
+            self.space.metric,
+            self.space.direction,
+            trials,
+            pr.pruned,
+            None,
+            str(self.path),
+            stopped_reason=self._stopped_reason(len(trials), pr),
         )
-        result.stopped_reason = self._stopped_reason(result, pr)
-        return result
 
     def _launch_rank(self) -> Any:
         """Sort key: the order the searcher launched trials in (what a user expects to read)."""
@@ -366,10 +400,10 @@ class Search:
         rank = {line.split()[0]: i for i, line in enumerate(lines) if line.strip()}
         return lambda t: rank.get(t.trial_id, len(rank))
 
-    def _stopped_reason(self, result: SearchResult, pr: PruneResult) -> str:
+    def _stopped_reason(self, ran: int, pr: PruneResult) -> str:
         planned = self._planned_trials(pr)
-        if len(result.trials) >= planned:
+        if ran >= planned:
             return f"all {planned} planned trials ran"
         if self.patience:
             return f"no improvement in the last {self.patience} trials"
-        return f"{len(result.trials)} of {planned} trials ran"
+        return f"{ran} of {planned} trials ran"

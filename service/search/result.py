@@ -88,14 +88,25 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchResult:
-    """The outcome of `Search.fit()`.
+    """The outcome of `Search.fit()`; frozen: nothing changes it once `fit()` has returned.
 
-    Example:
-        >>> result = Search(experiment, space, algorithm="grid", max_trials=4).fit()   # doctest: +SKIP
-        >>> result.best.plan.short(), result.best.measured["tokens_per_s"]              # doctest: +SKIP
-        >>> result.get_dataframe()[["plan", "status", "measured_tokens_per_s"]]        # doctest: +SKIP
+    Example (a result built by hand; `Search(...).fit()` returns one like it):
+        >>> from service.spec import Plan
+        >>> plans = [Plan(dp=2, micro_batch=m, precision="fp32") for m in (2, 4)]
+        >>> trials = [TrialRecord(trial_id=f"t{i}", key=p.short(), plan=p, status="ok", steps=4,
+        ...                       measured={"tokens_per_s": v, "peak_memory_bytes_per_rank": 2e9 / v})
+        ...           for i, (p, v) in enumerate(zip(plans, (900.0, 1200.0)))]
+        >>> result = SearchResult("tokens_per_s", "max", trials, [], None, "/tmp/s")
+        >>> result.get_best_result().key
+        'dp2-tp1-pp1-z0-mb4-ga1-rc:none'
+        >>> result.get_best_result("peak_memory_bytes_per_rank", "max").key
+        'dp2-tp1-pp1-z0-mb2-ga1-rc:none'
+        >>> [t.trial_id for t in result.ranking]
+        ['t1', 't0']
+        >>> result.get_dataframe()[["trial_id", "status", "measured_tokens_per_s"]].shape
+        (2, 3)
     """
 
     metric: str
@@ -107,17 +118,43 @@ class SearchResult:
     tracking: dict[str, Any] = field(default_factory=dict)
     stopped_reason: str = ""
 
+    def __post_init__(self) -> None:
+        # Own copies: the lists the caller passed in can change without changing this result.
+        object.__setattr__(self, "trials", list(self.trials))
+        object.__setattr__(self, "pruned", list(self.pruned))
+        object.__setattr__(self, "tracking", dict(self.tracking))
+
     @property
     def best(self) -> TrialRecord | None:
-        """The best trial that ran every step (`ok`); None when none did."""
-        done = [t for t in self.trials if t.status == "ok" and self.metric in t.measured]
-        if not done:
-            return None
-        pick = max if self.mode == "max" else min
-        return pick(done, key=lambda t: t.measured[self.metric])
+        """The best trial that ran every step (`ok`) by the search's metric; None when none did."""
+        return self.get_best_result()
 
-    def get_best_result(self) -> TrialRecord | None:
-        return self.best
+    def rank(self, metric: str | None = None, mode: str | None = None) -> list[TrialRecord]:
+        """Trials that ran every step (`ok`) and measured `metric`, best first (ties keep launch order).
+
+        Args:
+            metric: a measured key (default: the search's metric), e.g. `peak_memory_bytes_per_rank`.
+            mode: "max" or "min" (default: the search's mode for its own metric, else "max").
+        """
+        metric = metric or self.metric
+        if mode is None:
+            mode = self.mode if metric == self.metric else "max"
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        done = [t for t in self.trials if t.status == "ok" and metric in t.measured]
+        sign = -1.0 if mode == "max" else 1.0
+        return sorted(done, key=lambda t: sign * t.measured[metric])
+
+    @property
+    def ranking(self) -> list[TrialRecord]:
+        """`rank()` by the search's own metric and mode: the plans that ran, best first."""
+        return self.rank()
+
+    def get_best_result(self, metric: str | None = None, mode: str | None = None) -> TrialRecord | None:
+        """The best `ok` trial by `metric` and `mode` (default: the search's), as Ray Tune's
+        `ResultGrid.get_best_result`; None when no trial ran every step."""
+        ranked = self.rank(metric, mode)
+        return ranked[0] if ranked else None
 
     def __len__(self) -> int:
         return len(self.trials)

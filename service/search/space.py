@@ -38,7 +38,21 @@ METRIC_MODES: dict[str, str] = {
 
 
 def _as_list(value: Any) -> Any:
-    return value if isinstance(value, list) else [value]
+    """A field's values: a list, a tuple, Ray Tune's `tune.grid_search([...])` or `tune.choice([...])`
+    (a search space written for Tune works here), or one value (fixed)."""
+    if isinstance(value, list | tuple):
+        return list(value)
+    if isinstance(value, dict) and set(value) == {"grid_search"}:  # what tune.grid_search returns
+        return list(value["grid_search"])
+    categories = getattr(value, "categories", None)  # tune.choice: a Categorical domain
+    if isinstance(categories, list | tuple):
+        return list(categories)
+    if type(value).__module__.startswith("ray.tune"):
+        raise ValueError(
+            f"{type(value).__name__} is a continuous Tune domain; plan fields take finite values "
+            "(a list, tune.grid_search or tune.choice)"
+        )
+    return [value]
 
 
 class ParamSpace(BaseModel):
@@ -162,11 +176,26 @@ class SearchSettings(BaseModel):
 
 
 class SearchSpace(BaseModel):
-    """A named search space: `params` (Plan fields → values), `constraints`, `metric` and `mode`."""
+    """A named search space: `params` (Plan fields → values), `constraints`, `metric` and `mode`.
+
+    Built in Python the way a Ray Tune `param_space` is: lists, `tune.grid_search` or `tune.choice` per
+    field, and `algorithm` (or any `search` setting) given directly.
+
+    Example:
+        >>> from ray import tune
+        >>> space = SearchSpace(
+        ...     params={"zero_stage": [1, 2, 3], "micro_batch": tune.grid_search([1, 2]),
+        ...             "recompute": tune.choice(["none", "full"])},
+        ...     constraints={"exclude": [{"zero_stage": 3, "micro_batch": 2}]},
+        ...     algorithm="bayes",
+        ... )
+        >>> space.size(), space.search.algorithm, space.mode
+        (12, 'bayes', 'max')
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(description="Space name (MLflow run names, results folder).")
+    name: str = Field("space", description="Space name (MLflow run names, results folder).")
     description: str = Field("", description="What the space is for.")
     params: ParamSpace = Field(description="Plan fields to vary, each with its list of values.")
     constraints: Constraints = Field(default_factory=Constraints)  # type: ignore[arg-type]
@@ -186,6 +215,25 @@ class SearchSpace(BaseModel):
         if empty:
             raise ValueError(f"empty space: {empty[0]} has no values")
         return params
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_at_top_level(cls, data: Any) -> Any:
+        """`SearchSpace(..., algorithm="bayes")`: `search` settings may be given beside `params`."""
+        if not isinstance(data, dict):
+            return data
+        top = {k: data[k] for k in SearchSettings.model_fields if k in data}
+        if not top:
+            return data
+        search = data.get("search") or {}
+        search = search.model_dump(exclude_unset=True) if isinstance(search, SearchSettings) else search
+        if isinstance(search, dict):
+            clash = sorted(set(top) & set(search))
+            if clash:
+                raise ValueError(f"{clash[0]} is given twice: at the top level and under search")
+            search = {**search, **top}
+        rest = {k: v for k, v in data.items() if k not in top}
+        return {**rest, "search": search}
 
     @model_validator(mode="after")
     def _default_mode(self) -> SearchSpace:

@@ -100,3 +100,55 @@ def test_the_required_spaces_are_shipped() -> None:
     assert len(zor["zero_stage"]) > 1 and len(zor["offload_optimizer"]) > 1 and len(zor["recompute"]) > 1
     mbr = load_space(REPO / "search_spaces" / "microbatch-recompute.yaml").params.varied()
     assert len(mbr["micro_batch"]) > 1 and len(mbr["recompute"]) > 1
+
+
+def test_a_space_built_in_python_takes_tune_values_and_settings_beside_params() -> None:
+    from ray import tune
+
+    space = SearchSpace(
+        params={
+            "zero_stage": tune.grid_search([1, 2]),
+            "micro_batch": tune.choice([2, 4, 8]),
+            "recompute": ("none", "full"),
+            "tp": 1,
+        },
+        constraints={"exclude": [{"zero_stage": 2, "micro_batch": 8}]},
+        algorithm="random",
+        max_trials=3,
+    )
+    assert space.params.varied() == {
+        "zero_stage": [1, 2],
+        "tp": [1],
+        "micro_batch": [2, 4, 8],
+        "recompute": ["none", "full"],
+    }
+    assert space.size() == 12 and space.name == "space"
+    assert (space.search.algorithm, space.search.max_trials) == ("random", 3)
+    assert space.constraints.violation({"zero_stage": 2, "micro_batch": 8}, 16) is not None
+    # the same space written as YAML data is the same space
+    same = space_from_dict(
+        {
+            "name": "space",
+            "params": {
+                "zero_stage": [1, 2],
+                "micro_batch": [2, 4, 8],
+                "recompute": ["none", "full"],
+                "tp": 1,
+            },
+            "constraints": {"exclude": [{"zero_stage": 2, "micro_batch": 8}]},
+            "search": {"algorithm": "random", "max_trials": 3},
+        }
+    )
+    assert same == space
+
+
+def test_python_space_errors_name_the_problem() -> None:
+    from pydantic import ValidationError
+    from ray import tune
+
+    with pytest.raises(ValidationError, match="continuous Tune domain"):
+        SearchSpace(params={"micro_batch": tune.uniform(1, 8)})
+    with pytest.raises(ValidationError, match="algorithm is given twice"):
+        SearchSpace(params={"tp": [1]}, algorithm="grid", search={"algorithm": "bayes"})
+    with pytest.raises(ValidationError, match=r"'grid', 'random' or 'bayes'"):
+        SearchSpace(params={"tp": [1]}, algorithm="anneal")
