@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
+from service.spec.zero import ZeroKnobs
 
-# Small proxies have small tensors; DeepSpeed's defaults assume billions of parameters.
-# ZeRO-3 keeps any parameter below `stage3_param_persistence_threshold` (default 1e5 elements) whole on
-# every rank, which on a 128-wide proxy is *every* parameter: 0 makes ZeRO-3 partition all of them,
-# as it would at production scale where every matrix is far above the threshold.
-_BUCKET_ELEMENTS = 50_000_000
 GRADIENT_CLIPPING = 1.0
 LEARNING_RATE = 3e-4
 
@@ -32,22 +29,24 @@ def proxy_precision(plan: Plan, proxy: ProxySpec) -> str:
     return proxy.precision if proxy.device == "cpu" else plan.precision
 
 
-def _zero_section(plan: Plan) -> dict[str, Any]:
+def _zero_section(plan: Plan, knobs: ZeroKnobs) -> dict[str, Any]:
+    """ZeRO settings. Bucket sizes and the ZeRO-3 persistence threshold are `knobs`, the values the cost
+    model prices (`service.spec.zero.ZeroKnobs`, scaled with the model instead of DeepSpeed's fixed
+    5e8-element defaults, which would dwarf a small proxy): one source for what runs and what is
+    predicted."""
     zero: dict[str, Any] = {
         "stage": plan.zero_stage,
         "contiguous_gradients": True,
         "overlap_comm": False,  # overlap needs CUDA streams; off keeps CPU and GPU proxies alike
-        "reduce_bucket_size": _BUCKET_ELEMENTS,
-        "allgather_bucket_size": _BUCKET_ELEMENTS,
+        "reduce_bucket_size": knobs.reduce_bucket_elements,
+        "allgather_bucket_size": knobs.allgather_bucket_elements,
     }
     if plan.zero_stage == 3:
         zero.update(
             {
-                "stage3_param_persistence_threshold": 0,
-                "stage3_model_persistence_threshold": 0,
-                "stage3_prefetch_bucket_size": _BUCKET_ELEMENTS,
-                "stage3_max_live_parameters": _BUCKET_ELEMENTS,
-                "stage3_max_reuse_distance": _BUCKET_ELEMENTS,
+                "stage3_param_persistence_threshold": knobs.stage3_param_persistence_threshold,
+                "stage3_prefetch_bucket_size": knobs.stage3_prefetch_bucket_elements,
+                "stage3_max_live_parameters": knobs.stage3_max_live_parameters,
             }
         )
     if plan.offload_optimizer:
@@ -69,12 +68,15 @@ def _optimizer_section(plan: Plan) -> dict[str, Any]:
     return {"type": "AdamW", "params": params}
 
 
-def deepspeed_config(plan: Plan, proxy: ProxySpec, bf16_supported: bool = True) -> dict[str, Any]:
+def deepspeed_config(
+    plan: Plan, proxy: ProxySpec, model: ModelSpec, *, bf16_supported: bool = True
+) -> dict[str, Any]:
     """The DeepSpeed config that runs `plan` at proxy scale.
 
     Args:
         plan: the parallel layout; dp·tp·pp must equal the world size the config is used with.
         proxy: the proxy settings (precision, device).
+        model: the model the config trains (the proxy model); its `ZeroKnobs` set ZeRO's buffers.
         bf16_supported: whether the device can compute in bf16 (a CUDA worker passes
             `torch.cuda.is_bf16_supported()`); a bf16 plan falls back to fp16 when it cannot.
 
@@ -92,7 +94,7 @@ def deepspeed_config(plan: Plan, proxy: ProxySpec, bf16_supported: bool = True) 
         "gradient_accumulation_steps": plan.grad_accum,
         "gradient_clipping": GRADIENT_CLIPPING,
         "optimizer": _optimizer_section(plan),
-        "zero_optimization": _zero_section(plan),
+        "zero_optimization": _zero_section(plan, ZeroKnobs.for_model(model)),
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12, "loss_scale_window": 100},
         "steps_per_print": 10**9,  # the worker reports every step itself

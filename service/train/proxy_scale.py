@@ -74,7 +74,8 @@ def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
 
 
 def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
-    """The cost model's answer for the proxy run of `plan`, per rank (the busiest: pipeline stage 0).
+    """The cost model's answer for the proxy run of `plan`, per rank: the busiest one (with a pipeline, the
+    first or the last stage, whichever holds more), which is what the worker reports as measured.
 
     Model state = params + grads + optimizer + cpu_offload (everything the rank holds for the model,
     wherever it lives: the measurement counts host and device alike). Activations = activations +

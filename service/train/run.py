@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
 from service.train.ds_config import deepspeed_config
-from service.train.proxy_scale import predict_proxy, proxy_plan, proxy_plan_problem
+from service.train.proxy_scale import predict_proxy, proxy_model, proxy_plan, proxy_plan_problem
 from service.train.worker import LOG_FILE
 
 Status = Literal["ok", "oom", "invalid", "failed"]
@@ -187,7 +187,7 @@ def run_proxy(
     problem = proxy_plan_problem(experiment, plan)
     if problem:
         return base.model_copy(update={"reason": problem})
-    ds_config = deepspeed_config(proxy_plan(experiment, plan), experiment.proxy)
+    ds_config = deepspeed_config(proxy_plan(experiment, plan), experiment.proxy, proxy_model(experiment))
     try:
         predicted = predict_proxy(experiment, plan)
     except Exception as err:  # the measurement still has value without the model's side

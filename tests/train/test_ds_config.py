@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from service.spec import Plan, ProxySpec
+from service.costmodel import memory
+from service.spec import ModelSpec, Plan, ProxySpec, load_experiment
+from service.spec.zero import ZeroKnobs
 from service.train.ds_config import deepspeed_config, proxy_precision
+from service.train.proxy_scale import proxy_model
 
 CPU = ProxySpec(device="cpu", precision="fp32")
 CUDA = ProxySpec(device="cuda", precision="bf16")
+MODEL = proxy_model(load_experiment("experiments/tiny-cpu.yaml"))
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_stage_and_batch_split(stage):
     plan = Plan(dp=2, zero_stage=stage, micro_batch=3, grad_accum=4)
-    cfg = deepspeed_config(plan, CPU)
+    cfg = deepspeed_config(plan, CPU, MODEL)
     assert cfg["zero_optimization"]["stage"] == stage
     assert cfg["train_micro_batch_size_per_gpu"] == 3
     assert cfg["gradient_accumulation_steps"] == 4
@@ -23,63 +27,81 @@ def test_zero_stage_and_batch_split(stage):
     assert cfg["gradient_clipping"] == 1.0
 
 
-def test_zero3_partitions_every_parameter_of_a_small_proxy():
-    cfg = deepspeed_config(Plan(dp=2, zero_stage=3), CPU)
-    assert cfg["zero_optimization"]["stage3_param_persistence_threshold"] == 0
-    assert (
-        "stage3_param_persistence_threshold"
-        not in deepspeed_config(Plan(dp=2, zero_stage=2), CPU)["zero_optimization"]
-    )
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_buffers_are_the_knobs_the_cost_model_prices(stage):
+    """One source: the buckets and threshold DeepSpeed gets are `ZeroKnobs.for_model`, which the cost
+    model's `zero_buffer_elements` and `zero3_persistent_params` read too."""
+    big = ModelSpec.model_validate({**MODEL.model_dump(), "hidden_size": 256})  # other values
+    for model in (MODEL, big):
+        knobs = ZeroKnobs.for_model(model)
+        zero = deepspeed_config(Plan(dp=2, zero_stage=stage), CPU, model)["zero_optimization"]
+        h = model.hidden_size
+        assert zero["reduce_bucket_size"] == knobs.reduce_bucket_elements == h * h
+        assert zero["allgather_bucket_size"] == knobs.allgather_bucket_elements == h * h
+        if stage == 3:
+            assert zero["stage3_param_persistence_threshold"] == knobs.stage3_param_persistence_threshold
+            assert zero["stage3_prefetch_bucket_size"] == knobs.stage3_prefetch_bucket_elements
+            # the norms (h elements) stay whole in the run, as the cost model prices them
+            assert h < zero["stage3_param_persistence_threshold"]
+            assert float(memory.zero3_persistent_params(model, 1, 1)) == (2 * model.num_layers + 1) * h
+        else:
+            assert "stage3_param_persistence_threshold" not in zero
 
 
 def test_offload_sections():
     plan = Plan(dp=2, zero_stage=3, offload_optimizer=True, offload_params=True)
-    zero = deepspeed_config(plan, CPU)["zero_optimization"]
+    zero = deepspeed_config(plan, CPU, MODEL)["zero_optimization"]
     assert zero["offload_optimizer"]["device"] == "cpu"
     assert zero["offload_param"]["device"] == "cpu"
-    only_opt = deepspeed_config(Plan(dp=2, zero_stage=1, offload_optimizer=True), CPU)["zero_optimization"]
+    only_opt = deepspeed_config(Plan(dp=2, zero_stage=1, offload_optimizer=True), CPU, MODEL)[
+        "zero_optimization"
+    ]
     assert only_opt["offload_optimizer"]["device"] == "cpu" and "offload_param" not in only_opt
 
 
 def test_precision_follows_the_device():
     plan = Plan(dp=2, zero_stage=1, precision="bf16")
-    cpu = deepspeed_config(plan, CPU)
+    cpu = deepspeed_config(plan, CPU, MODEL)
     assert not cpu["bf16"]["enabled"] and not cpu["fp16"]["enabled"]  # CPU proxies run fp32
-    gpu = deepspeed_config(plan, CUDA)
+    gpu = deepspeed_config(plan, CUDA, MODEL)
     assert gpu["bf16"]["enabled"] and not gpu["fp16"]["enabled"]
-    old_gpu = deepspeed_config(plan, CUDA, bf16_supported=False)
+    old_gpu = deepspeed_config(plan, CUDA, MODEL, bf16_supported=False)
     assert old_gpu["fp16"]["enabled"] and not old_gpu["bf16"]["enabled"]
-    assert deepspeed_config(Plan(dp=2, precision="fp16"), CUDA)["fp16"]["enabled"]
+    assert deepspeed_config(Plan(dp=2, precision="fp16"), CUDA, MODEL)["fp16"]["enabled"]
     assert proxy_precision(plan, CPU) == "fp32" and proxy_precision(plan, CUDA) == "bf16"
-    assert deepspeed_config(plan, ProxySpec(device="cpu", precision="bf16"))["bf16"]["enabled"]
+    assert deepspeed_config(plan, ProxySpec(device="cpu", precision="bf16"), MODEL)["bf16"]["enabled"]
 
 
 def test_tensor_parallel_uses_autotp_and_leaves_the_batch_to_deepspeed():
-    cfg = deepspeed_config(Plan(dp=1, tp=2, zero_stage=1, micro_batch=2, grad_accum=2), CPU)
+    cfg = deepspeed_config(Plan(dp=1, tp=2, zero_stage=1, micro_batch=2, grad_accum=2), CPU, MODEL)
     assert cfg["tensor_parallel"] == {"autotp_size": 2}
     assert "train_batch_size" not in cfg  # DeepSpeed would check it against the world size
-    assert "tensor_parallel" not in deepspeed_config(Plan(dp=2), CPU)
+    assert "tensor_parallel" not in deepspeed_config(Plan(dp=2), CPU, MODEL)
 
 
 def test_recompute_turns_on_deepspeed_checkpointing_section():
-    assert "activation_checkpointing" not in deepspeed_config(Plan(dp=2), CPU)
+    assert "activation_checkpointing" not in deepspeed_config(Plan(dp=2), CPU, MODEL)
     for mode in ("selective", "full"):
-        assert "activation_checkpointing" in deepspeed_config(Plan(dp=2, recompute=mode), CPU)
+        assert "activation_checkpointing" in deepspeed_config(Plan(dp=2, recompute=mode), CPU, MODEL)
 
 
 def test_pipeline_plan_config_carries_the_micro_batches():
-    cfg = deepspeed_config(Plan(dp=1, pp=2, zero_stage=1, micro_batch=2, grad_accum=8), CPU)
+    cfg = deepspeed_config(Plan(dp=1, pp=2, zero_stage=1, micro_batch=2, grad_accum=8), CPU, MODEL)
     assert cfg["gradient_accumulation_steps"] == 8  # the pipeline engine's micro-batches per step
     assert cfg["train_batch_size"] == 16
 
 
 def test_optimizer_is_adamw_and_offload_keeps_adamw_semantics():
-    assert deepspeed_config(Plan(dp=2), CPU)["optimizer"]["type"] == "AdamW"
-    off = deepspeed_config(Plan(dp=2, zero_stage=2, offload_optimizer=True), CPU)
+    assert deepspeed_config(Plan(dp=2), CPU, MODEL)["optimizer"]["type"] == "AdamW"
+    off = deepspeed_config(Plan(dp=2, zero_stage=2, offload_optimizer=True), CPU, MODEL)
     assert off["optimizer"]["params"]["adam_w_mode"] is True
 
 
 def test_optimizer_needs_no_compiled_cuda_kernel():
-    assert deepspeed_config(Plan(dp=2, zero_stage=1), CUDA)["optimizer"]["params"]["torch_adam"] is True
-    off = deepspeed_config(Plan(dp=2, zero_stage=1, offload_optimizer=True), CUDA)["optimizer"]["params"]
+    assert (
+        deepspeed_config(Plan(dp=2, zero_stage=1), CUDA, MODEL)["optimizer"]["params"]["torch_adam"] is True
+    )
+    off = deepspeed_config(Plan(dp=2, zero_stage=1, offload_optimizer=True), CUDA, MODEL)["optimizer"][
+        "params"
+    ]
     assert "torch_adam" not in off  # DeepSpeedCPUAdam (C++ JIT, no CUDA) runs the offloaded step

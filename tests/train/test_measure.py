@@ -33,6 +33,22 @@ def test_model_state_of_plain_adamw_is_params_grads_and_two_moments():
     assert got["model_state"] == got["params"] + got["grads"] + got["optimizer"]
 
 
+def test_zero_offload_scratch_buffers_are_not_gradients():
+    """ZeRO-1/2 offload's `temp_grad_buffer_for_*_offload` (largest-parameter-sized staging copies) are
+    buffers; a real gradient attribute (`averaged_gradients`) stays a gradient."""
+    model = torch.nn.Linear(8, 8, bias=False)
+    opt = torch.optim.AdamW(model.parameters())
+    wrapper = type("ZeroLike", (), {})()
+    wrapper.optimizer = opt
+    wrapper.temp_grad_buffer_for_cpu_offload = torch.zeros(64)
+    wrapper.temp_grad_buffer_for_gpu_offload = torch.zeros(64)
+    wrapper.averaged_gradients = {0: [torch.zeros(32)]}
+    got = model_state_bytes(model, wrapper)
+    assert got["grads"] == 32 * 4
+    assert got["buffers"] == 2 * 64 * 4
+    assert got["model_state"] == got["params"] + got["grads"] + got["optimizer"] + got["master"]
+
+
 def test_views_of_one_buffer_count_once():
     flat = torch.zeros(100)
     module = torch.nn.Module()
@@ -80,3 +96,19 @@ def test_cpu_peak_memory_is_the_process_high_water_mark():
     after = peak_memory_bytes(torch.device("cpu"))
     assert after - before >= 60 * 2**20
     del block
+
+
+def test_busiest_rank_memory_takes_the_rank_that_holds_the_most():
+    from service.train.worker import busiest_rank_memory
+
+    # [model_state, params, grads, optimizer, master, buffers, activations, peak] per rank:
+    # rank 0 is a first pipeline stage (more state), rank 1 the last (logits: more activations).
+    rows = [
+        [100.0, 40.0, 20.0, 30.0, 10.0, 5.0, 700.0, 9000.0],
+        [90.0, 36.0, 18.0, 27.0, 9.0, 50.0, 900.0, 8000.0],
+    ]
+    got = busiest_rank_memory(rows)
+    assert got["measured_model_state_bytes_per_rank"] == 100.0
+    assert got["measured_buffers_bytes_per_rank"] == 5.0  # the breakdown of the same rank's state
+    assert got["measured_activation_bytes_per_rank"] == 900.0
+    assert got["measured_peak_memory_bytes_per_rank"] == 9000.0
