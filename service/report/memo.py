@@ -1,0 +1,433 @@
+"""The design memo, from a `RunResult` alone: one list of blocks rendered twice, as Markdown and as a
+self-contained HTML page (charts inlined as base64 PNG), so both say exactly the same numbers.
+
+Every number says where it comes from: [prior] the analytical cost model with the published-set
+parameters, [calibrated] the cost model after calibration on the proxies, [measured] a proxy run.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from pathlib import Path
+from typing import Any
+
+from service.report.charts import draw_all
+from service.run.result import CALIBRATED, MEASURED, PRIOR, Interval, PlanRow, RunResult
+
+GIB = 2**30
+SHORT_TAG = {PRIOR: "prior", CALIBRATED: "calibrated", MEASURED: "measured"}
+Block = tuple[Any, ...]
+
+
+def tag(t: str) -> str:
+    return f"[{SHORT_TAG.get(t, t)}]"
+
+
+def fmt_tokens(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def fmt_hours(x: float) -> str:
+    return f"{x:,.2f}"
+
+
+def fmt_dollars(x: float) -> str:
+    return f"${x:,.0f}"
+
+
+def fmt_gib(x: float) -> str:
+    return f"{x / GIB:.1f}"
+
+
+def with_interval(iv: Interval, fmt: Any, unit: str = "") -> str:
+    if iv.low == iv.high:
+        return f"{fmt(iv.value)}{unit} (no interval) {tag(iv.tag)}"
+    return f"{fmt(iv.value)}{unit} (80 %: {fmt(iv.low)}–{fmt(iv.high)}{unit}) {tag(iv.tag)}"
+
+
+def _plan_words(p: dict[str, Any]) -> str:
+    offload = [
+        n for n, k in (("optimizer", "offload_optimizer"), ("parameters", "offload_params")) if p.get(k)
+    ]
+    return (
+        f"dp {p['dp']} × tp {p['tp']} × pp {p['pp']}, ZeRO-{p['zero_stage']}, "
+        f"micro-batch {p['micro_batch']} × "
+        f"{p['grad_accum']} accumulation steps, recompute {p['recompute']}, "
+        f"{'offload of ' + ' and '.join(offload) if offload else 'no offload'}, {p['precision']}"
+    )
+
+
+def decision(r: RunResult) -> list[Block]:
+    sel = r.selected
+    if sel is None:
+        return [("h2", "Decision"), ("p", f"**No plan meets the budget.** {r.message}")]
+    c, g = r.cluster, r.goodput
+    mem = sel.memory_per_gpu_bytes
+    text = (
+        f"Run **{sel.label}** on {c['num_gpus']} × {c['gpu']} "
+        f"({c['num_nodes']} nodes × {c['gpus_per_node']}): "
+        f"{_plan_words(sel.plan)}. It trains at {with_interval(sel.tokens_per_s, fmt_tokens, ' tokens/s')}, "
+        f"taking {with_interval(sel.hours, fmt_hours, ' h')} and costing "
+        f"{with_interval(sel.dollars, fmt_dollars)} with interruptions, checkpoints and restarts included. "
+        f"Memory per GPU is {with_interval(mem, fmt_gib, ' GiB')} against a limit of "
+        f"{fmt_gib(sel.memory_limit_bytes)} GiB ({c['hbm_gib']:g} GiB HBM less "
+        f"{r.budget.get('memory_headroom', 0):.0%} headroom)."
+    )
+    blocks: list[Block] = [("h2", "Decision"), ("p", text)]
+    if g is not None:
+        blocks.append(
+            (
+                "p",
+                (
+                    f"Checkpoint every **{g.checkpoint_interval_hours:.2f} h** (Young/Daly optimum "
+                    f"{g.young_daly_interval_hours:.1f} h for a {g.checkpoint_bytes / 1e9:,.0f} GB "
+                    f"checkpoint written in {g.checkpoint_write_s:,.0f} s; job MTBF {g.mtbf_hours:,.0f} h); "
+                    f"expected goodput {g.goodput:.1%}."
+                ),
+            )
+        )
+    budget = ", ".join(f"{k} {v}" for k, v in r.budget.items() if v is not None)
+    blocks.append(("p", f"Budget: {budget}. {r.plans_ranked:,} valid plans ranked. {r.message}"))
+    return blocks
+
+
+def _row_cells(row: PlanRow) -> list[str]:
+    return [
+        row.label,
+        row.status,
+        row.why,
+        f"{fmt_tokens(row.tokens_per_s.value)} {tag(row.tokens_per_s.tag)}",
+        fmt_hours(row.hours.value),
+        fmt_dollars(row.dollars.value),
+        f"{fmt_gib(row.memory_per_gpu_bytes.value)} ({fmt_gib(row.memory_per_gpu_bytes.low)}–"
+        f"{fmt_gib(row.memory_per_gpu_bytes.high)}) {tag(row.memory_per_gpu_bytes.tag)}",
+        "yes" if row.validated else "",
+        ", ".join(row.families),
+    ]
+
+
+def alternatives(r: RunResult) -> list[Block]:
+    head = [
+        "plan",
+        "status",
+        "why",
+        "tokens/s",
+        "hours",
+        "dollars",
+        "GiB/GPU (80 %)",
+        "proxy ran",
+        "families",
+    ]
+    blocks: list[Block] = [
+        ("h2", "Alternatives and why each lost"),
+        ("table", head, [_row_cells(row) for row in r.rows]),
+    ]
+    if len(r.alternatives) > 1:
+        blocks += [
+            ("h3", "GPU types under the same budget"),
+            (
+                "table",
+                [
+                    "GPU",
+                    "GPUs",
+                    "$/GPU-h",
+                    "availability",
+                    "best plan",
+                    "tokens/s",
+                    "hours",
+                    "dollars",
+                    "outcome",
+                ],
+                [
+                    [
+                        a.gpu,
+                        str(a.num_gpus),
+                        f"{a.price_per_gpu_hour_usd:g}",
+                        a.availability,
+                        a.selected_label or "-",
+                        fmt_tokens(a.tokens_per_s) if a.tokens_per_s else "-",
+                        fmt_hours(a.hours) if a.hours else "-",
+                        fmt_dollars(a.dollars) if a.dollars else "-",
+                        a.outcome,
+                    ]
+                    for a in r.alternatives
+                ],
+            ),
+        ]
+    return blocks
+
+
+def _mib(x: float | None) -> str:
+    return "-" if not x else f"{x / 2**20:,.1f}"
+
+
+def proxies(r: RunResult) -> list[Block]:
+    d = r.proxy_design
+    blocks: list[Block] = [
+        ("h2", "Validation on proxies"),
+        ("p", f"Proxy shape: {d.get('why', '')}. Time terms: {d.get('time_terms', '')}."),
+        ("p", "What these proxies identify:"),
+        ("ul", list(d.get("identifies", []))),
+        ("p", "What they cannot identify (left to the prior, and to the risks below):"),
+        ("ul", list(d.get("cannot_identify", []))),
+    ]
+    if d.get("choices"):
+        blocks.append(
+            (
+                "table",
+                ["production plan", "proxy plan", "why validated"],
+                [[c["plan"], c["proxy"], c["why"]] for c in d["choices"]],
+            )
+        )
+    rows = []
+    for p in r.proxies:
+        m, pr, pc = p.measured, p.predicted_prior, p.predicted_calibrated
+        rows.append(
+            [
+                p.proxy_label,
+                p.status + (f": {p.reason[:80]}" if p.reason else ""),
+                f"{_mib(m.get('activation_bytes_per_rank'))} [measured]",
+                f"{_mib(pr.get('activation_bytes_per_rank'))} [prior]",
+                f"{_mib(pc.get('activation_bytes_per_rank'))} [calibrated]" if pc else "-",
+                f"{_mib(m.get('model_state_bytes_per_rank'))} / {_mib(pr.get('model_state_bytes_per_rank'))}",
+                f"{m.get('tokens_per_s', 0):,.0f} / {pr.get('tokens_per_s', 0):,.0f}",
+            ]
+        )
+    if rows:
+        head = [
+            "proxy",
+            "status",
+            "activations MiB",
+            "predicted",
+            "calibrated",
+            "model state MiB measured / prior",
+            "tokens/s measured / prior (CPU: not used)",
+        ]
+        blocks.append(("table", head, rows))
+    v = r.proxy_validation_error
+    if v.get("n"):
+        act, state = v.get("activation_bytes_per_rank", {}), v.get("model_state_bytes_per_rank", {})
+        blocks.append(
+            (
+                "p",
+                (
+                    f"Proxy error (mean |predicted/measured − 1| over {v['n']} proxies): activations "
+                    f"{_pct(act.get('prior'))} [prior] → {_pct(act.get('calibrated'))} [calibrated], "
+                    f"{_pct(act.get('out_of_sample'))} out of sample (leave one proxy out); model state "
+                    f"{_pct(state.get('prior'))} [prior]. {v.get('note', '')}."
+                ),
+            )
+        )
+    c = r.calibration
+    fitted = ", ".join(
+        f"{k}: {c['before'][k]:.3g} → {c['after'][k]:.3g}"
+        for k in c.get("fitted", [])
+        if k in c.get("before", {})
+    )
+    blocks.append(
+        (
+            "p",
+            f"Calibration: {c.get('status')}; {fitted or 'nothing fitted'}. "
+            f"Time terms: {c.get('time_terms', 'n/a')}.",
+        )
+    )
+    blocks.append(("img", "proxies", "Predicted against measured on the proxies"))
+    return blocks
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def extrapolation(r: RunResult) -> list[Block]:
+    e = r.extrapolation
+    if e is None:
+        return []
+    keys = ["layers", "hidden_size", "seq_len", "gpus", "device"]
+    dkeys = {"layers": "layers", "hidden_size": "width", "seq_len": "sequence", "gpus": "gpus"}
+    rows = [
+        [
+            k,
+            str(e.proxy.get(k)),
+            str(e.production.get(k)),
+            f"{e.doublings[dkeys[k]]:.1f}"
+            if k in dkeys
+            else "other type"
+            if e.proxy.get(k) != e.production.get(k)
+            else "same",
+        ]
+        for k in keys
+    ]
+    return [
+        ("h2", "Extrapolation distance"),
+        ("table", ["", "proxy", "production", "doublings"], rows),
+        (
+            "p",
+            f"Memory intervals are widened {e.widening:.2f}×. Rule: {e.rule}. Throughput intervals: the "
+            "parameter set's out-of-sample residuals, widened per doubling beyond the runs it was fit on.",
+        ),
+    ]
+
+
+def goodput(r: RunResult) -> list[Block]:
+    g = r.goodput
+    if g is None:
+        return []
+    rows = [
+        ["interruption rate", f"{g.interruptions_per_gpu_hour:.3g} per GPU-hour", g.interruption_source],
+        ["job MTBF", f"{g.mtbf_hours:,.0f} h", "1 / (rate × GPUs)"],
+        ["checkpoint size", f"{g.checkpoint_bytes / 1e9:,.0f} GB", "14 bytes/param (ZeRO §3.1)"],
+        ["storage bandwidth", f"{g.storage_bandwidth_gb_per_s:.2f} GB/s", g.storage_source],
+        ["checkpoint write", f"{g.checkpoint_write_s:,.0f} s", "size / bandwidth"],
+        [
+            "checkpoint interval",
+            f"{g.checkpoint_interval_hours:.2f} h",
+            f"Young/Daly {g.young_daly_interval_hours:.1f} h, capped at the run",
+        ],
+        ["restart", f"{g.restart_minutes:g} min", "assumption"],
+        ["expected interruptions", f"{g.expected_interruptions:.2f}", ""],
+        [
+            "time lost",
+            f"{g.checkpoint_hours + g.lost_work_hours + g.restart_hours:.2f} h",
+            f"checkpoints {g.checkpoint_hours:.2f} h, lost work {g.lost_work_hours:.2f} h, "
+            f"restarts {g.restart_hours:.2f} h",
+        ],
+        ["goodput", f"{g.goodput:.1%}", g.rule],
+    ]
+    return [("h2", "Goodput"), ("table", ["", "value", "source / rule"], rows)]
+
+
+def sensitivity(r: RunResult) -> list[Block]:
+    s = r.sensitivity
+    if s is None:
+        return []
+    unit = "dollars" if r.objective == "cost" else "tokens/s"
+    rows = [
+        [
+            sc.name,
+            sc.selected_label or "none",
+            sc.nominal_status,
+            _pct(sc.nominal_regret),
+            f"{sc.objective_value:,.0f}" if sc.objective_value is not None else "-",
+        ]
+        for sc in s.scenarios
+    ]
+    return [
+        ("h2", "Sensitivity (±20 %)"),
+        (
+            "table",
+            ["scenario", "best plan", "nominal choice's status", "nominal choice's regret", f"best {unit}"],
+            rows,
+        ),
+        ("p", f"{s.note}." + (f" The best plan changes under: {', '.join(s.flips)}." if s.flips else "")),
+    ]
+
+
+def outputs(r: RunResult) -> list[Block]:
+    blocks: list[Block] = [("h2", "Outputs")]
+    items = [f"DeepSpeed config (full scale): {r.ds_config_path}", f"launch: `{r.launch_command}`"]
+    if r.mlflow_run_id:
+        items.append(f"MLflow parent run {r.mlflow_run_id} ({r.tracking_uri}); proxy trials are its children")
+    blocks.append(("ul", [i for i in items if "None" not in i]))
+    return blocks
+
+
+def blocks(r: RunResult) -> list[Block]:
+    out: list[Block] = [
+        ("h1", f"Design memo: {r.experiment}"),
+        (
+            "p",
+            f"{r.created}. Tags: [prior] analytical cost model, published-set parameters; [calibrated] "
+            "after calibration on the proxies; [measured] measured on a proxy run.",
+        ),
+    ]
+    out += decision(r)
+    out += alternatives(r)
+    out += [("img", "memory", "Memory per GPU"), ("img", "cost_vs_throughput", "Cost against throughput")]
+    out += proxies(r) + extrapolation(r) + goodput(r) + sensitivity(r)
+    out += [("h2", "Risks"), ("ul", r.risks or ["none found"])]
+    out += [
+        ("h2", "Assumptions and sources"),
+        ("table", ["assumption", "source"], [[a["what"], a["source"]] for a in r.assumptions]),
+    ]
+    return out + outputs(r)
+
+
+# -- rendering -----------------------------------------------------------------------------------------
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(bl: list[Block], charts: dict[str, Path], folder: Path) -> str:
+    lines: list[str] = []
+    for b in bl:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            lines += ["#" * int(kind[1]) + " " + b[1], ""]
+        elif kind == "p":
+            lines += [b[1], ""]
+        elif kind == "ul":
+            lines += [f"- {item}" for item in b[1]] + [""]
+        elif kind == "table":
+            lines.append("| " + " | ".join(_md_cell(h) for h in b[1]) + " |")
+            lines.append("|" + "---|" * len(b[1]))
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b[2]]
+            lines.append("")
+        elif kind == "img" and b[1] in charts:
+            lines += [f"![{b[2]}]({charts[b[1]].relative_to(folder)})", ""]
+    return "\n".join(lines)
+
+
+def _inline(text: str) -> str:
+    escaped = html.escape(str(text))
+    escaped = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", escaped)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", escaped)
+
+
+STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:4px 6px;"
+    "vertical-align:top}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}"
+    "code{background:#f6f6f6}"
+)
+
+
+def to_html(bl: list[Block], charts: dict[str, Path], title: str) -> str:
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>"
+    ]
+    for b in bl:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            parts.append(f"<{kind}>{_inline(b[1])}</{kind}>")
+        elif kind == "p":
+            parts.append(f"<p>{_inline(b[1])}</p>")
+        elif kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b[1]) + "</ul>")
+        elif kind == "table":
+            head = "".join(f"<th>{_inline(h)}</th>" for h in b[1])
+            body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in b[2])
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif kind == "img" and b[1] in charts:
+            data = base64.b64encode(charts[b[1]].read_bytes()).decode()
+            parts.append(
+                f"<figure><img id='chart-{b[1]}' alt='{html.escape(b[2])}' "
+                f"src='data:image/png;base64,{data}'><figcaption>{html.escape(b[2])}</figcaption></figure>"
+            )
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def write_memo(result: RunResult, folder: str | Path) -> dict[str, Path]:
+    """Writes memo.md, memo.html and the charts under `folder`; returns {name: path}."""
+    folder = Path(folder)
+    charts = draw_all(result, folder / "charts")
+    bl = blocks(result)
+    md = folder / "memo.md"
+    md.write_text(to_markdown(bl, charts, folder))
+    page = folder / "memo.html"
+    page.write_text(to_html(bl, charts, f"Design memo: {result.experiment}"))
+    return {"markdown": md, "html": page, **{f"chart_{k}": v for k, v in charts.items()}}

@@ -1,0 +1,21 @@
+"""`Run`: the main job — plan, validate on proxies, calibrate, select, and write the memo.
+
+`Run(experiment, ...).fit() -> RunResult`; see service/run/pipeline.py for the pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.run.result import RunResult
+
+__all__ = ["Run", "RunResult"]
+
+
+def __getattr__(name: str) -> Any:
+    # Ray and the search are imported only when a run is made.
+    if name == "Run":
+        from service.run.pipeline import Run
+
+        return Run
+    raise AttributeError(f"module 'service.run' has no attribute {name!r}")

@@ -1,0 +1,236 @@
+"""From proxy measurements to a calibrated parameter set, its proxy error, and the production intervals.
+
+The fit itself is `service.calibrate.fit` (not re-implemented here). Memory terms are always fitted
+on the proxies (`MEMORY_PARAMS`: `activation_memory_scale`); time terms only when the proxies ran on
+the production GPU type. The out-of-sample error is leave-one-proxy-out: fit on the other proxies,
+predict the one left out.
+
+Extrapolation rule for memory (stated in the memo): the relative error e measured on the proxies
+(out of sample; at least `MIN_ACTIVATION_ERROR` for activations, `MIN_STATE_ERROR` for model state)
+is widened by
+    w = 1 + 0.25·(doublings of width + of sequence length) + 0.125·(doublings of layers + of GPUs)
+          + 0.5 if the proxy device differs from the production GPU type,
+since per-token activation terms change weight with width and sequence length, while layers and GPUs
+enter the formulas linearly or by exact sharding. Memory interval = total ± w·(e_act·activations +
+e_state·model state). Throughput intervals are the cost model's own (`ModelParams.widening`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from service.run.result import Extrapolation
+from service.search.result import TrialRecord
+from service.spec.experiment import ExperimentSpec
+from service.spec.params import MEMORY_PARAMS, TIME_PARAMS, ModelParams
+from service.spec.plan import Plan
+
+MIN_ACTIVATION_ERROR = 0.05
+MIN_STATE_ERROR = 0.01
+PRIOR_ACTIVATION_ERROR = 0.25  # no proxy measured: the memo says the interval is a prior guess
+MEMORY_RULE = (
+    "memory total ± w·(e_act·activations + e_state·model state), e from leave-one-proxy-out errors "
+    f"(floors {MIN_ACTIVATION_ERROR:.0%} / {MIN_STATE_ERROR:.0%}), w = 1 + 0.25·(width + sequence "
+    "doublings) + 0.125·(layer + GPU doublings) + 0.5 for another device type"
+)
+
+
+def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> dict[str, float]:
+    """The cost model's numbers for a proxy run (per rank), with `params`."""
+    from service.costmodel import estimate
+    from service.train.proxy_scale import proxy_cluster, proxy_model, proxy_workload
+
+    est = estimate(
+        proxy_model(exp),
+        proxy_cluster(exp, plan.num_gpus),
+        plan,
+        proxy_workload(exp, plan),
+        memory_headroom=exp.budget.memory_headroom,
+        params=params,
+    )
+    m = est.memory_per_gpu_bytes
+    return {
+        "tokens_per_s": est.tokens_per_s,
+        "step_time_s": est.step_time_s,
+        "model_state_bytes_per_rank": m.params + m.grads + m.optimizer + m.cpu_offload,
+        "activation_bytes_per_rank": m.activations + m.logits,
+        "logits_bytes_per_rank": m.logits,
+        "peak_memory_bytes_per_rank": m.total,
+    }
+
+
+def measured_runs(exp: ExperimentSpec, trials: list[TrialRecord], source: str) -> list[Any]:
+    """`MeasuredRun`s of the proxies that ran all their steps.
+
+    The proxy's meter counts every tensor autograd saves, the loss's logits included; the cost model
+    keeps logits as a term of their own (not scaled by `activation_memory_scale`), so the model's
+    logits term is taken off the measurement before the fit."""
+    from service.calibrate import MeasuredRun
+    from service.train.proxy_scale import proxy_cluster, proxy_model, proxy_workload
+
+    runs = []
+    for t in trials:
+        m = t.measured
+        if t.status != "ok" or "activation_bytes_per_rank" not in m:
+            continue
+        logits = proxy_prediction(exp, t.plan, ModelParams())["logits_bytes_per_rank"]
+        activations = m["activation_bytes_per_rank"] - logits
+        runs.append(
+            MeasuredRun(
+                id=t.trial_id,
+                source=source,
+                model=proxy_model(exp),
+                cluster=proxy_cluster(exp, t.plan.num_gpus),
+                workload=proxy_workload(exp, t.plan),
+                plan=t.plan,
+                tokens_per_s_per_gpu=m.get("tokens_per_s", 0.0) / t.plan.num_gpus or None,
+                activations_bytes=activations if activations > 0 else None,
+                model_state_bytes=m.get("model_state_bytes_per_rank"),
+            )
+        )
+    return runs
+
+
+def _fit(runs: list[Any], prior: ModelParams, names: tuple[str, ...]) -> ModelParams:
+    from service.calibrate import fit
+
+    return fit(runs, prior=prior, names=names).params  # type: ignore[no-any-return]
+
+
+def calibrate(
+    exp: ExperimentSpec, trials: list[TrialRecord], prior: ModelParams, on_production_gpu: bool, source: str
+) -> tuple[ModelParams, dict[str, Any]]:
+    """(calibrated parameters, what was done): memory always, time only on the production GPU type."""
+    try:
+        runs = measured_runs(exp, trials, source)
+    except ImportError as err:
+        return prior, {"status": f"not calibrated: {err}", "fitted": [], "runs": 0}
+    if not runs:
+        return prior, {"status": "not calibrated: no proxy ran all its steps", "fitted": [], "runs": 0}
+    names: tuple[str, ...] = MEMORY_PARAMS + (TIME_PARAMS if on_production_gpu else ())
+    params = _fit(runs, prior, names)
+    before = {n: prior[n] for n in names}
+    after = {n: params[n] for n in names}
+    info = {
+        "status": "calibrated",
+        "runs": len(runs),
+        "fitted": list(names),
+        "before": before,
+        "after": after,
+        "time_terms": (
+            "fitted on proxies of the production GPU type"
+            if on_production_gpu
+            else "kept at the published-set parameters: the proxies ran on another device, and time "
+            "measured there says nothing about the production GPU"
+        ),
+        "params": params.summary(),
+        "at_bounds": {k: v for k, v in params.at_bounds().items() if k in names},
+    }
+    return params, info
+
+
+def leave_one_out(
+    exp: ExperimentSpec, trials: list[TrialRecord], prior: ModelParams, source: str
+) -> dict[str, dict[str, float]]:
+    """trial id → memory predictions from a fit on the other proxies (needs two or more)."""
+    try:
+        runs = measured_runs(exp, trials, source)
+    except ImportError:
+        return {}
+    if len(runs) < 2:
+        return {}
+    out = {}
+    for i, run in enumerate(runs):
+        params = _fit(runs[:i] + runs[i + 1 :], prior, MEMORY_PARAMS)
+        out[run.id] = proxy_prediction(exp, run.plan, params)
+    return out
+
+
+def _rel_errors(pairs: list[tuple[float, float]]) -> list[float]:
+    return [abs(p / m - 1.0) for p, m in pairs if m and m > 0 and p > 0]
+
+
+def validation_error(trials: list[Any], loo: dict[str, dict[str, float]], calibrated: bool) -> dict[str, Any]:
+    """Mean |predicted/measured − 1| over the proxies, per quantity, before and after calibration.
+
+    `trials` are `ProxyTrial`s (measured, predicted_prior, predicted_calibrated)."""
+    ok = [t for t in trials if t.status == "ok" and t.measured]
+
+    def err(key: str, side: str) -> float | None:
+        pairs = []
+        for t in ok:
+            pred = loo.get(t.trial_id, {}) if side == "loo" else getattr(t, f"predicted_{side}")
+            if key in pred and key in t.measured:
+                pairs.append((pred[key], t.measured[key]))
+        e = _rel_errors(pairs)
+        return float(np.mean(e)) if e else None
+
+    out: dict[str, Any] = {"n": len(ok)}
+    for key in (
+        "activation_bytes_per_rank",
+        "model_state_bytes_per_rank",
+        "peak_memory_bytes_per_rank",
+        "tokens_per_s",
+    ):
+        out[key] = {"prior": err(key, "prior"), "calibrated": err(key, "calibrated") if calibrated else None}
+    out["activation_bytes_per_rank"]["out_of_sample"] = err("activation_bytes_per_rank", "loo")
+    out["note"] = (
+        "mean |predicted/measured − 1| over the proxies; activations and model state are what the "
+        "calibration uses; peak memory on CPU is the process RSS (runtime included) and tokens/s on CPU "
+        "says nothing about the GPU: both are shown, neither is used"
+    )
+    return out
+
+
+def _doublings(a: float, b: float) -> float:
+    return max(0.0, math.log2(a / b)) if a > 0 and b > 0 else 0.0
+
+
+def extrapolation(
+    experiment: ExperimentSpec, proxy_exp: ExperimentSpec, proxy_info: dict[str, Any]
+) -> Extrapolation:
+    """How far the production run lies from the proxies, and the memory-interval widening it earns."""
+    model, proxy = experiment.model, proxy_exp.proxy
+    hidden = model.hidden_size // proxy.hidden_scale
+    seq = proxy.seq_len or experiment.workload.seq_len
+    d = {
+        "layers": _doublings(model.num_layers, proxy.num_layers),
+        "width": _doublings(model.hidden_size, hidden),
+        "sequence": _doublings(experiment.workload.seq_len, seq),
+        "gpus": _doublings(experiment.cluster.num_gpus, proxy.num_workers),
+    }
+    other_device = proxy_info.get("gpu") != experiment.cluster.gpu.name
+    widening = 1.0 + 0.25 * (d["width"] + d["sequence"]) + 0.125 * (d["layers"] + d["gpus"])
+    widening += 0.5 if other_device else 0.0
+    return Extrapolation(
+        proxy={
+            "layers": proxy.num_layers,
+            "hidden_size": hidden,
+            "seq_len": seq,
+            "gpus": proxy.num_workers,
+            "device": proxy_info.get("gpu", proxy.device),
+        },
+        production={
+            "layers": model.num_layers,
+            "hidden_size": model.hidden_size,
+            "seq_len": experiment.workload.seq_len,
+            "gpus": experiment.cluster.num_gpus,
+            "device": experiment.cluster.gpu.name,
+        },
+        doublings=d,
+        widening=widening,
+        rule=MEMORY_RULE,
+    )
+
+
+def memory_errors(validation: dict[str, Any], calibrated: bool) -> tuple[float, float]:
+    """(e_act, e_state) for the memory interval, from the proxies' errors (floors applied)."""
+    act = validation.get("activation_bytes_per_rank", {})
+    e_act = act.get("out_of_sample") or (act.get("calibrated") if calibrated else act.get("prior"))
+    state = validation.get("model_state_bytes_per_rank", {}).get("prior")
+    e_act = PRIOR_ACTIVATION_ERROR if e_act is None else max(MIN_ACTIVATION_ERROR, e_act)
+    e_state = PRIOR_ACTIVATION_ERROR if state is None else max(MIN_STATE_ERROR, state)
+    return e_act, e_state

@@ -1,0 +1,155 @@
+"""The last step of `Run.fit()`: risks and assumptions, the production DeepSpeed config and launch
+command, the memo, `result.json`, and the MLflow parent run."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from service.plans.select import GIB
+from service.run.decide import Scored
+from service.run.outputs import (
+    dump_json,
+    launch_command,
+    log_to_mlflow,
+    production_ds_config,
+    write_launch_script,
+)
+from service.run.result import RunResult
+from service.spec.experiment import ExperimentSpec
+from service.spec.plan import Plan
+
+RESULT_FILE = "result.json"
+
+
+def risks(result: RunResult) -> list[str]:
+    """What could make the decision wrong, most important first."""
+    out: list[str] = []
+    sel = result.selected
+    if sel is None:
+        return [
+            f"no plan meets the budget ({result.binding_constraint}); the memo's fallback is not a decision"
+        ]
+    mem = sel.memory_per_gpu_bytes
+    if mem.high > sel.memory_limit_bytes:
+        over = "the GPU's memory" if mem.high > sel.hbm_bytes else "the headroom limit"
+        out.append(
+            f"memory: the interval's high end, {mem.high / GIB:.1f} GiB per GPU, exceeds {over} "
+            f"({sel.memory_limit_bytes / GIB:.1f} GiB limit, {sel.hbm_bytes / GIB:.0f} GiB HBM): run the "
+            "first steps with memory logging before committing the budget"
+        )
+    cal = result.calibration
+    if cal.get("status") != "calibrated":
+        out.append(f"memory is not calibrated ({cal.get('status')}): memory numbers are the analytical prior")
+    if "published-set" in str(cal.get("time_terms", "")) or cal.get("status") != "calibrated":
+        out.append(
+            "throughput, hours and dollars rest on the published-set time parameters, not on measurements "
+            "of this model on this cluster: time a few production steps first"
+        )
+    if sel.tokens_per_s.low == sel.tokens_per_s.high:
+        out.append("the parameter set carries no out-of-sample residuals: throughput has no interval")
+    failed = [p for p in result.proxies if p.status != "ok"]
+    if failed:
+        out.append(
+            "proxies that did not finish: "
+            + "; ".join(f"{p.proxy_label}: {p.status} {p.reason[:120]}" for p in failed)
+        )
+    ext = result.extrapolation
+    if ext is not None and ext.widening >= 3:
+        out.append(
+            f"long extrapolation: {sum(ext.doublings.values()):.1f} doublings from proxy to production "
+            f"(memory intervals widened {ext.widening:.1f}×)"
+        )
+    sens = result.sensitivity
+    if sens is not None and sens.flips:
+        out.append("the best plan changes under: " + ", ".join(sens.flips) + f" ({sens.note})")
+    if result.goodput is not None and result.goodput.expected_interruptions >= 0.5:
+        out.append(
+            f"{result.goodput.expected_interruptions:.1f} interruptions expected: checkpoint every "
+            f"{result.goodput.checkpoint_interval_hours:.1f} h"
+        )
+    at_bounds = cal.get("at_bounds") or {}
+    if at_bounds:
+        out.append(
+            "fitted parameters at the edge of their band (the data push further): "
+            + ", ".join(f"{k} ({v})" for k, v in at_bounds.items())
+        )
+    return out
+
+
+def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]:
+    gp = spec.goodput
+    params = result.calibration.get("params") or {}
+    return [
+        {
+            "what": "memory and time formulas",
+            "source": "service/costmodel: ZeRO (Rajbhandari et al. 2020), "
+            "Megatron-LM (Narayanan et al. 2021), Korthikanti et al. 2022, FlashAttention (Dao 2022), "
+            "PaLM MFU",
+        },
+        {
+            "what": f"GPU figures ({spec.cluster.gpu.name})",
+            "source": spec.cluster.gpu.source or "GPU catalog",
+        },
+        {"what": "cost-model parameter set", "source": str(params or "analytical prior")},
+        {
+            "what": "price per GPU-hour",
+            "source": f"${spec.cluster.price_usd_per_gpu_hour:g} (the experiment)",
+        },
+        {
+            "what": f"interruption rate {gp.interruptions_per_gpu_hour:.3g} per GPU-hour",
+            "source": gp.interruption_source,
+        },
+        {"what": "checkpoint storage bandwidth", "source": gp.storage_source},
+        {
+            "what": f"restart time {gp.restart_minutes:g} min",
+            "source": "assumption (set goodput.restart_minutes)",
+        },
+        {
+            "what": "checkpoint size 14 bytes/param (bf16 weights + fp32 master + 2 Adam moments)",
+            "source": "ZeRO (Rajbhandari et al. 2020, §3.1: K = 12 optimizer bytes per parameter)",
+        },
+        {"what": "checkpoint interval", "source": "Young 1974 / Daly 2006: sqrt(2 · write time · MTBF)"},
+        {"what": "proxies", "source": str(result.proxy_design.get("why", ""))},
+    ]
+
+
+def finish(
+    result: RunResult,
+    spec: ExperimentSpec,
+    main: Scored,
+    chosen: int | None,
+    search_name: str | None,
+    started: float,
+) -> RunResult:
+    from service.report import write_memo
+
+    out = result.out_dir
+    from pathlib import Path
+
+    folder = Path(out)
+    updates: dict[str, Any] = {}
+    if chosen is not None:
+        plan: Plan = main.plans.row(chosen)
+        ds = production_ds_config(plan, spec.model_copy(update={"cluster": main.cluster}))
+        ds_path = dump_json(folder / "ds_config.json", ds)
+        command = launch_command(plan, main.cluster, ds_path)
+        write_launch_script(folder / "launch.sh", command, plan, main.cluster)
+        updates.update(ds_config=ds, ds_config_path=str(ds_path), launch_command=command)
+    result = result.model_copy(update=updates)
+    result = result.model_copy(update={"risks": risks(result), "assumptions": assumptions(result, spec)})
+    memo = write_memo(result, folder)
+    result = result.model_copy(
+        update={"memo_paths": {k: str(v) for k, v in memo.items() if k in ("markdown", "html")}}
+    )
+    key = f"search:{search_name}" if search_name else f"run:{spec.name}:{int(started)}"
+    files = [folder / "ds_config.json", folder / "launch.sh", *memo.values()]
+    result.save(folder / RESULT_FILE)
+    run_id, uri = log_to_mlflow(
+        spec, key, search_name or f"run-{spec.name}", result.to_json(), [*files, folder / RESULT_FILE]
+    )
+    result = result.model_copy(
+        update={"mlflow_run_id": run_id, "tracking_uri": uri, "wall_s": time.time() - started}
+    )
+    result.save(folder / RESULT_FILE)
+    return result

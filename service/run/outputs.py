@@ -1,0 +1,100 @@
+"""What a run leaves behind: the production DeepSpeed config, the launch command, the MLflow parent run.
+
+The DeepSpeed config comes from the proxies' own builder (service/train/ds_config.py), so production
+runs exactly the layout the proxies ran, at full scale: the plan's precision, ZeRO stage, offload,
+batch split and AutoTP degree; communication overlap on (the cost model hides DP communication
+behind compute, which DeepSpeed only does with `overlap_comm`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from service.spec.experiment import ExperimentSpec
+from service.spec.hardware import ClusterSpec
+from service.spec.plan import Plan
+from service.spec.proxy import ProxySpec
+
+
+def production_ds_config(plan: Plan, experiment: ExperimentSpec) -> dict[str, Any]:
+    """The DeepSpeed config of `plan` on the production cluster (a CUDA "proxy" of full size)."""
+    from service.train.ds_config import deepspeed_config
+
+    proxy = ProxySpec(device="cuda", precision=plan.precision, seed=experiment.proxy.seed)
+    config = deepspeed_config(plan, proxy, experiment.model)
+    config["zero_optimization"]["overlap_comm"] = True
+    config["steps_per_print"] = 100
+    return config
+
+
+def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> str:
+    """DeepSpeed's launcher over the cluster's nodes, with the generated config.
+
+    `train.py` stands for the user's training script (it must call `deepspeed.initialize` with
+    `config=<this file>`; with pp > 1 it wraps the model in `deepspeed.pipe.PipelineModule(
+    num_stages=pp)`, as service/train/worker.py does for the proxies).
+    """
+    args = [
+        "deepspeed",
+        "--hostfile=hostfile",
+        f"--num_nodes={cluster.num_nodes}",
+        f"--num_gpus={cluster.gpus_per_node}",
+        "train.py",
+        "--deepspeed",
+        f"--deepspeed_config={ds_config_path}",
+    ]
+    return shlex.join(args)
+
+
+def write_launch_script(path: Path, command: str, plan: Plan, cluster: ClusterSpec) -> Path:
+    path.write_text(
+        "#!/usr/bin/env bash\n"
+        f"# {plan.short()} on {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}.\n"
+        "# `hostfile` lists the nodes ('host slots=8' per line); train.py is your training script, which\n"
+        "# passes --deepspeed_config to deepspeed.initialize. As a Ray job on the cluster of\n"
+        "# ray_cluster.yaml: ray job submit --address http://HEAD:8265 --working-dir . -- bash launch.sh\n"
+        "set -euo pipefail\n"
+        f"{command}\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def log_to_mlflow(
+    experiment: ExperimentSpec, parent_key: str, run_name: str, result: dict[str, Any], files: list[Path]
+) -> tuple[str | None, str]:
+    """Writes the run's decision onto the parent run `parent_key` (the proxy search's, whose trials are
+    its children; created when no search ran): tags for the selected plan, metrics for the prediction,
+    memo, configs, plots and result as artifacts. Returns (run id, tracking URI)."""
+    from service.tracking.tracker import tracker_for
+    from service.tracking.uri import resolve
+
+    target = resolve(experiment.tracking, experiment.name)
+    tracker = tracker_for(target)
+    tracker.start_run(parent_key, run_name, tags={"service.kind": "run"})
+    predicted = result.get("predicted", {})
+    metrics = {f"predicted_{k}": v["value"] for k, v in predicted.items() if isinstance(v, dict)}
+    for k, v in predicted.items():
+        if isinstance(v, dict):
+            metrics[f"predicted_{k}_low"], metrics[f"predicted_{k}_high"] = v["interval"]
+    plan = result.get("selected_plan") or {}
+    tags = {
+        "run.selected_plan": result.get("selected_label") or "none",
+        "run.message": str(result.get("message", ""))[:4000],
+        **{f"run.selected.{k}": v for k, v in plan.items()},
+    }
+    tracker.log_batch(parent_key, metrics=metrics, tags=tags)
+    for f in files:
+        if f.is_file():
+            folder = "run/plots" if f.suffix == ".png" else "run"
+            tracker.log_artifact(parent_key, f, folder)
+    tracker.end_run(parent_key, "FINISHED")
+    return tracker.run_id(parent_key), target.uri
+
+
+def dump_json(path: Path, data: Any) -> Path:
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path

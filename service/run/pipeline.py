@@ -1,0 +1,283 @@
+"""`Run`: small runs → a defended production plan → a memo. Shaped like Ray's API: config in, `fit()`,
+a typed `RunResult` out.
+
+    >>> from service import Run
+    >>> result = Run("experiments/llama2-13b-32xh100.yaml").fit()               # doctest: +SKIP
+    >>> result.selected_label, result.predicted["hours"], result.memo_paths     # doctest: +SKIP
+
+Pipeline: 1 rank every plan with intervals (the published-set parameters); 2 choose what to validate
+(service/run/validate.py); 3 shape the proxies; 4 run them through the Ray Tune `Search` and calibrate
+the memory terms on them (time terms too when they ran on the production GPU type); 5 extrapolate
+with widening intervals; 6 select under the budget on the calibrated model with goodput included,
+across GPU types, and test the choice under ±20 %; 7 goodput; 8 write the DeepSpeed config, the launch
+command, the memo, and the MLflow parent run.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from service.run import calibration as cal
+from service.run.decide import Scored, best_cluster, score, sensitivity
+from service.run.goodput import checkpoint_bytes, goodput_record
+from service.run.proxies import run_proxies
+from service.run.result import Alternative, ProxyTrial, RunResult
+from service.run.rows import memo_rows
+from service.run.validate import choose, design_proxy
+from service.search.result import SearchResult
+from service.spec.errors import SpecError
+from service.spec.experiment import ExperimentSpec, load_experiment
+from service.spec.params import ModelParams, load_params
+from service.tracking.uri import repo_root
+
+DEFAULT_MAX_PROXIES = 4
+
+
+def default_out_dir(experiment: ExperimentSpec) -> Path:
+    return repo_root() / "ray_results" / "run" / experiment.name
+
+
+def detect_device() -> tuple[str, str]:
+    """("cuda", device name) when a CUDA GPU is here, else ("cpu", "")."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda", str(torch.cuda.get_device_name(0))
+    except ImportError:
+        pass
+    return "cpu", ""
+
+
+def same_gpu_type(catalog_name: str, device_name: str) -> bool:
+    """Whether a CUDA device (e.g. 'NVIDIA H100 80GB HBM3') is the catalog's type ('h100-sxm-80gb')."""
+    return bool(device_name) and catalog_name.split("-")[0].upper() in device_name.upper()
+
+
+class Run:
+    """Plans, validates on proxies, calibrates, selects and writes the memo for one experiment.
+
+    Args:
+        experiment: an `ExperimentSpec` or the path of its YAML.
+        params: the cost model's parameter set (a `ModelParams` or a YAML path); None = the shipped one.
+        storage_path: the run's folder (memo, configs, the proxy search); a folder holding a killed
+            run's search continues it. Default: `<repo>/ray_results/run/<experiment>`.
+        max_proxies: most proxy plans to run (each a Ray Train trial).
+        proxy_steps: optimizer steps per proxy (default: the proxy spec's).
+        device: "cpu" or "cuda" for the proxies (default: cuda when a GPU is here).
+        run_proxies: False plans and writes the memo on the prior alone (no Ray).
+        progress: a progress bar on stderr while proxies run.
+    """
+
+    def __init__(
+        self,
+        experiment: ExperimentSpec | str | Path,
+        *,
+        params: ModelParams | str | Path | None = None,
+        storage_path: str | Path | None = None,
+        max_proxies: int = DEFAULT_MAX_PROXIES,
+        proxy_steps: int | None = None,
+        device: str | None = None,
+        run_proxies: bool = True,
+        progress: bool = False,
+    ):
+        self.spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+        self.params = params if isinstance(params, ModelParams) else load_params(params)
+        if max_proxies < 0:
+            raise SpecError("max_proxies", f"must be 0 or more, got {max_proxies}")
+        self.out_dir = Path(storage_path or default_out_dir(self.spec)).resolve()
+        self.max_proxies = max_proxies if run_proxies else 0
+        self.proxy_steps = proxy_steps
+        self.device, self.device_name = (device, "") if device else detect_device()
+        self.progress = progress
+
+    # -- the pipeline ------------------------------------------------------------------------------
+    def fit(self) -> RunResult:
+        started = time.time()
+        spec, prior = self.spec, self.params
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        prior_scored = score(spec.model, spec.cluster, spec.workload, spec.budget, prior, spec.goodput)
+        proxy_exp, proxy_info = design_proxy(spec, self.device)
+        on_gpu = proxy_info["device"] == "cuda" and same_gpu_type(spec.cluster.gpu.name, self.device_name)
+        order = [(int(r), prior_scored.plans.row(int(r))) for r in prior_scored.selection.order]
+        choices, notes = choose(order, proxy_exp, self.max_proxies)
+        proxy_info["choices"] = [
+            {"plan": c.plan.short(), "proxy": c.proxy_plan.short(), "why": c.reason} for c in choices
+        ]
+        proxy_info["skipped"] = notes
+        search, search_name = self._proxies(proxy_exp, choices)
+        trials = search.trials if search else []
+        source = f"proxies:{search_name or 'none'}"
+        params, cal_info = cal.calibrate(proxy_exp, trials, prior, on_gpu, source)
+        calibrated = cal_info["status"] == "calibrated"
+        loo = cal.leave_one_out(proxy_exp, trials, prior, source) if calibrated else {}
+        proxies = self._proxy_records(proxy_exp, trials, choices, prior, params if calibrated else None)
+        validation = cal.validation_error(proxies, loo, calibrated)
+        extrap = cal.extrapolation(spec, proxy_exp, proxy_info)
+        errors = cal.memory_errors(validation, calibrated)
+        clusters = [spec.cluster, *(a.cluster for a in spec.alternatives)]
+        scored = [score(spec.model, c, spec.workload, spec.budget, params, spec.goodput) for c in clusters]
+        win = best_cluster(scored, spec.budget.objective)
+        main = scored[win if win is not None else 0]
+        sens, chosen = sensitivity(main, spec.model, spec.workload, spec.budget, params, spec.goodput)
+        rows = memo_rows(
+            main,
+            chosen,
+            main.selection.selected,
+            spec.budget,
+            errors,
+            extrap.widening,
+            calibrated,
+            {c.plan.short() for c in choices},
+            time_calibrated=on_gpu,
+        )
+        selected = rows[0] if rows and rows[0].status == "selected" else None
+        result = RunResult(
+            experiment=spec.name,
+            objective=spec.budget.objective,
+            budget=spec.budget.model_dump(),
+            cluster=_cluster_info(main),
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            selected_plan=selected.plan if selected else None,
+            selected_label=selected.label if selected else None,
+            predicted=_predicted(selected),
+            message=_message(main, selected, sens.note),
+            binding_constraint=main.selection.binding,
+            plans_ranked=len(main.est),
+            rows=rows,
+            proxy_design=proxy_info,
+            proxies=proxies,
+            calibration={**cal_info, "source": source},
+            proxy_validation_error=validation,
+            extrapolation=extrap,
+            goodput=self._goodput(main, selected),
+            sensitivity=sens,
+            alternatives=_alternatives(spec, scored, win),
+            out_dir=str(self.out_dir),
+            search_path=str(self.out_dir / "search" / search_name) if search_name else None,
+        )
+        from service.run.finish import finish
+
+        return finish(result, spec, main, chosen, search_name, started)
+
+    def _proxies(
+        self, proxy_exp: ExperimentSpec, choices: list[Any]
+    ) -> tuple[SearchResult | None, str | None]:
+        if not choices:
+            return None, None
+        result, name = run_proxies(
+            proxy_exp, choices, self.out_dir / "search", self.proxy_steps, self.progress
+        )
+        return result, name
+
+    def _proxy_records(
+        self,
+        proxy_exp: ExperimentSpec,
+        trials: list[Any],
+        choices: list[Any],
+        prior: ModelParams,
+        params: ModelParams | None,
+    ) -> list[ProxyTrial]:
+        by_proxy = {c.proxy_plan.short(): c for c in choices}
+        out = []
+        for t in trials:
+            choice = by_proxy.get(t.key)
+            out.append(
+                ProxyTrial(
+                    trial_id=t.trial_id,
+                    production_label=choice.plan.short() if choice else "",
+                    proxy_label=t.key,
+                    proxy_plan=t.plan.model_dump(),
+                    status=t.status,
+                    reason=t.reason,
+                    measured={k: v for k, v in t.measured.items() if isinstance(v, int | float)},
+                    predicted_prior=cal.proxy_prediction(proxy_exp, t.plan, prior),
+                    predicted_calibrated=cal.proxy_prediction(proxy_exp, t.plan, params) if params else {},
+                    mlflow_run_id=t.mlflow_run_id,
+                )
+            )
+        return out
+
+    def _goodput(self, main: Scored, selected: Any) -> Any:
+        if selected is None:
+            return None
+        plan = selected.plan
+        ckpt = checkpoint_bytes(self.spec.model, plan["precision"])
+        return goodput_record(selected.hours_no_failures, main.cluster.num_gpus, ckpt, self.spec.goodput)
+
+
+def _cluster_info(s: Scored) -> dict[str, Any]:
+    c = s.cluster
+    return {
+        "gpu": c.gpu.name,
+        "num_nodes": c.num_nodes,
+        "gpus_per_node": c.gpus_per_node,
+        "num_gpus": c.num_gpus,
+        "price_per_gpu_hour_usd": c.price_usd_per_gpu_hour,
+        "hbm_gib": c.gpu.hbm_gib,
+    }
+
+
+def _predicted(row: Any) -> dict[str, Any]:
+    if row is None:
+        return {}
+    return {
+        "tokens_per_s": row.tokens_per_s.public(),
+        "hours": row.hours.public(),
+        "dollars": row.dollars.public(),
+        "memory_per_gpu_bytes": row.memory_per_gpu_bytes.public(),
+        "memory_limit_bytes": row.memory_limit_bytes,
+        "mfu": row.mfu,
+    }
+
+
+def _message(main: Scored, selected: Any, robust_note: str) -> str:
+    if selected is None:
+        return main.selection.message
+    return (
+        f"selected {selected.label} on {main.cluster.num_gpus} × {main.cluster.gpu.name}: "
+        f"{selected.tokens_per_s.value:,.0f} tokens/s, {selected.hours.value:,.1f} h and "
+        f"${selected.dollars.value:,.0f} with interruptions included, "
+        f"{selected.memory_per_gpu_bytes.value / 2**30:.1f} GiB per GPU; sensitivity: {robust_note}"
+    )
+
+
+def _alternatives(spec: ExperimentSpec, scored: list[Scored], win: int | None) -> list[Alternative]:
+    out = []
+    for i, s in enumerate(scored):
+        row = s.selection.selected
+        availability = spec.alternatives[i - 1].availability if i > 0 else "the experiment's cluster"
+        if row is None:
+            outcome = f"no plan meets the budget: {s.selection.binding}"
+        elif i == win:
+            outcome = "selected"
+        else:
+            w = scored[win] if win is not None else None
+            wr = w.selection.selected if w is not None else None
+            if w is not None and wr is not None and spec.budget.objective == "cost":
+                outcome = f"${s.est.dollars[row]:,.0f} vs ${w.est.dollars[wr]:,.0f} on {w.cluster.gpu.name}"
+            elif w is not None and wr is not None:
+                outcome = (
+                    f"{s.est.tokens_per_s[row]:,.0f} vs {w.est.tokens_per_s[wr]:,.0f} tokens/s "
+                    f"on {w.cluster.gpu.name}"
+                )
+            else:
+                outcome = "not selected"
+        out.append(
+            Alternative(
+                gpu=s.cluster.gpu.name,
+                num_gpus=s.cluster.num_gpus,
+                price_per_gpu_hour_usd=s.cluster.price_usd_per_gpu_hour,
+                availability=availability,
+                selected_label=s.plans.row(row).short() if row is not None else None,
+                tokens_per_s=float(s.est.tokens_per_s[row]) if row is not None else None,
+                hours=float(s.est.hours[row]) if row is not None else None,
+                dollars=float(s.est.dollars[row]) if row is not None else None,
+                outcome=outcome,
+            )
+        )
+    return out
+

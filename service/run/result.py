@@ -1,0 +1,200 @@
+"""`RunResult`: everything `run` decided, as typed records that serialise to one JSON document.
+
+The memo (service/report) is drawn from this document alone, so `python -m service report` can rebuild
+it from a finished run's `result.json`. Every number carries a provenance tag (see `TAGS`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PRIOR = "analytical prior"
+CALIBRATED = "calibrated on proxies"
+MEASURED = "measured"
+TAGS = (PRIOR, CALIBRATED, MEASURED)
+
+
+class Interval(BaseModel):
+    """A point value, its 80 % interval, and where it comes from (one of `TAGS`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: float
+    low: float
+    high: float
+    tag: str = PRIOR
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (self.low, self.high)
+
+    def public(self) -> dict[str, Any]:
+        return {"value": self.value, "interval": [self.low, self.high], "tag": self.tag}
+
+
+class PlanRow(BaseModel):
+    """One production plan as scored after calibration and goodput."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str
+    plan: dict[str, Any]
+    gpu: str
+    num_gpus: int
+    rank: int | None
+    status: str
+    why: str = ""
+    families: list[str] = Field(default_factory=list)
+    validated: bool = False  # a proxy of this plan ran
+    tokens_per_s: Interval
+    hours: Interval  # goodput included (interruptions, checkpoints, restarts)
+    dollars: Interval  # goodput included
+    hours_no_failures: float  # training time alone
+    memory_per_gpu_bytes: Interval
+    memory_limit_bytes: float
+    hbm_bytes: float
+    memory_breakdown: dict[str, float]
+    mfu: float
+
+
+class ProxyTrial(BaseModel):
+    """One proxy run: which production plan it stands for, what it measured, what the model said."""
+
+    model_config = ConfigDict(frozen=True)
+
+    trial_id: str
+    production_label: str
+    proxy_label: str
+    proxy_plan: dict[str, Any]
+    status: str
+    reason: str = ""
+    measured: dict[str, float] = Field(default_factory=dict)
+    predicted_prior: dict[str, float] = Field(default_factory=dict)
+    predicted_calibrated: dict[str, float] = Field(default_factory=dict)
+    mlflow_run_id: str | None = None
+
+
+class Goodput(BaseModel):
+    """Expected time lost to interruptions for the selected plan (Young/Daly checkpoint interval)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    interruptions_per_gpu_hour: float
+    interruption_source: str
+    mtbf_hours: float
+    checkpoint_bytes: float
+    storage_bandwidth_gb_per_s: float
+    storage_source: str
+    checkpoint_write_s: float
+    young_daly_interval_hours: float
+    checkpoint_interval_hours: float
+    restart_minutes: float
+    expected_interruptions: float
+    checkpoint_hours: float
+    lost_work_hours: float
+    restart_hours: float
+    goodput: float  # useful training hours / wall-clock hours
+    rule: str
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    selected_label: str | None
+    nominal_status: str  # the nominal choice's status in this scenario
+    nominal_regret: float  # how much worse the nominal choice is than this scenario's best (fraction)
+    objective_value: float | None  # the scenario's best, in the objective's unit
+
+
+class Sensitivity(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    scenarios: list[Scenario]
+    nominal_label: str | None
+    chosen_label: str | None
+    flips: list[str]  # scenarios whose best plan differs from the nominal choice
+    note: str
+
+
+class Alternative(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    num_gpus: int
+    price_per_gpu_hour_usd: float
+    availability: str = ""
+    selected_label: str | None
+    tokens_per_s: float | None = None
+    hours: float | None = None
+    dollars: float | None = None
+    outcome: str  # "selected", or why it lost
+
+
+class Extrapolation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    proxy: dict[str, Any]
+    production: dict[str, Any]
+    doublings: dict[str, float]
+    widening: float
+    rule: str
+
+
+class RunResult(BaseModel):
+    """What `Run.fit()` returns; `to_json()` is what `run --json` prints."""
+
+    model_config = ConfigDict(frozen=True)
+
+    experiment: str
+    objective: str
+    budget: dict[str, Any]
+    cluster: dict[str, Any]
+    created: str
+    selected_plan: dict[str, Any] | None
+    selected_label: str | None
+    predicted: dict[str, Any]  # tokens_per_s, hours, dollars, memory_per_gpu_bytes: {value, interval, tag}
+    message: str
+    binding_constraint: str | None = None
+    plans_ranked: int = 0
+    rows: list[PlanRow] = Field(default_factory=list)  # selected, runners-up, validated, pareto front
+    proxy_design: dict[str, Any] = Field(default_factory=dict)
+    proxies: list[ProxyTrial] = Field(default_factory=list)
+    calibration: dict[str, Any] = Field(default_factory=dict)
+    proxy_validation_error: dict[str, Any] = Field(default_factory=dict)
+    extrapolation: Extrapolation | None = None
+    goodput: Goodput | None = None
+    sensitivity: Sensitivity | None = None
+    alternatives: list[Alternative] = Field(default_factory=list)
+    risks: list[str] = Field(default_factory=list)
+    assumptions: list[dict[str, str]] = Field(default_factory=list)
+    ds_config: dict[str, Any] = Field(default_factory=dict)
+    ds_config_path: str | None = None
+    launch_command: str | None = None
+    memo_paths: dict[str, str] = Field(default_factory=dict)
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    out_dir: str = ""
+    search_path: str | None = None
+    wall_s: float = 0.0
+
+    @property
+    def selected(self) -> PlanRow | None:
+        return next((r for r in self.rows if r.status == "selected"), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_json(), indent=1))
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunResult:
+        return cls.model_validate(json.loads(Path(path).read_text()))

@@ -1,0 +1,160 @@
+"""The plans a memo shows, as `PlanRow`s: the choice, runners-up, the validated plans, the best of
+every family, the cost-throughput Pareto front, and the best plan turned away by each constraint —
+each with its numbers, intervals and why it lost."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.plans.select import GIB, OVER_BUDGET, OVER_DEADLINE, OVER_MEMORY, STATUSES
+from service.run.decide import FEASIBLE, Scored
+from service.run.result import CALIBRATED, PRIOR, Interval, PlanRow
+from service.run.validate import FAMILIES, families_of
+from service.spec.workload import Budget
+
+RUNNERS_UP = 5
+STATE_TERMS = ("params", "grads", "optimizer")
+
+
+def pareto_front(s: Scored) -> list[int]:
+    """Rows that fit in memory and that no other such row beats on both dollars and tokens/s."""
+    fits = np.flatnonzero(s.est.fits.astype(bool))
+    order = fits[np.lexsort((-s.est.tokens_per_s[fits], s.est.dollars[fits]))]
+    front, best_tokens = [], -np.inf
+    for r in order:
+        if s.est.tokens_per_s[r] > best_tokens:
+            front.append(int(r))
+            best_tokens = s.est.tokens_per_s[r]
+    return front
+
+
+def why(s: Scored, row: int, chosen: int | None, budget: Budget, status: str) -> str:
+    est, plans = s.est, s.plans
+    if status == "selected":
+        return f"best {budget.objective} of the plans that fit and meet the budget"
+    if status == "over memory":
+        need, limit = est.total_bytes[row] / GIB, est.memory_limit_bytes[row] / GIB
+        return f"needs {need:.1f} GiB per GPU; the limit is {limit:.1f} GiB"
+    if status in ("over budget", "over deadline"):
+        parts = []
+        if budget.max_dollars is not None and est.dollars[row] > budget.max_dollars:
+            parts.append(f"${est.dollars[row]:,.0f} > max ${budget.max_dollars:,.0f}")
+        if budget.max_hours is not None and est.hours[row] > budget.max_hours:
+            parts.append(f"{est.hours[row]:,.1f} h > max {budget.max_hours:g} h")
+        return "; ".join(parts)
+    if chosen is None:
+        return status
+    label = plans.row(chosen).short()
+    if status == "less robust":
+        return f"best nominal plan but less robust under ±20 % than {label} (see sensitivity)"
+    if budget.objective == "cost":
+        return f"${est.dollars[row]:,.0f} vs ${est.dollars[chosen]:,.0f} for {label}"
+    return f"{est.tokens_per_s[row]:,.0f} tokens/s vs {est.tokens_per_s[chosen]:,.0f} for {label}"
+
+
+def plan_row(
+    s: Scored,
+    row: int,
+    status: str,
+    reason: str,
+    memory_errors: tuple[float, float],
+    widening: float,
+    calibrated: bool,
+    validated: set[str],
+    time_calibrated: bool = False,
+) -> PlanRow:
+    est, plan = s.est, s.plans.row(row)
+    e_act, e_state = memory_errors
+    act = est.activations_bytes[row] + est.logits_bytes[row]
+    state = sum(getattr(est, f"{t}_bytes")[row] for t in STATE_TERMS)
+    spread = widening * (e_act * act + e_state * state)
+    total = float(est.total_bytes[row])
+    mem_tag = CALIBRATED if calibrated else PRIOR
+    time_tag = CALIBRATED if time_calibrated else PRIOR
+    rank_hits = np.flatnonzero(s.selection.order == row)
+    return PlanRow(
+        label=plan.short(),
+        plan=plan.model_dump(),
+        gpu=s.cluster.gpu.name,
+        num_gpus=s.cluster.num_gpus,
+        rank=int(rank_hits[0]) + 1 if len(rank_hits) else None,
+        status=status,
+        why=reason,
+        families=families_of(plan),
+        validated=plan.short() in validated,
+        tokens_per_s=Interval(
+            value=float(est.tokens_per_s[row]),
+            low=float(est.tokens_per_s_low[row]),
+            high=float(est.tokens_per_s_high[row]),
+            tag=time_tag,
+        ),
+        hours=Interval(
+            value=float(est.hours[row]),
+            low=float(est.hours_low[row]),
+            high=float(est.hours_high[row]),
+            tag=time_tag,
+        ),
+        dollars=Interval(
+            value=float(est.dollars[row]),
+            low=float(est.dollars_low[row]),
+            high=float(est.dollars_high[row]),
+            tag=time_tag,
+        ),
+        hours_no_failures=float(s.hours_no_failures[row]),
+        memory_per_gpu_bytes=Interval(
+            value=total, low=max(0.0, total - spread), high=total + spread, tag=mem_tag
+        ),
+        memory_limit_bytes=float(est.memory_limit_bytes[row]),
+        hbm_bytes=float(s.cluster.gpu.hbm_gib * GIB),
+        memory_breakdown={
+            **{
+                t: float(getattr(est, f"{t}_bytes")[row])
+                for t in (*STATE_TERMS, "activations", "logits", "buffers", "overhead")
+            },
+            "cpu_offload": float(est.cpu_offload_bytes[row]),
+        },
+        mfu=float(est.mfu[row]),
+    )
+
+
+def memo_rows(
+    s: Scored,
+    chosen: int | None,
+    nominal: int | None,
+    budget: Budget,
+    memory_errors: tuple[float, float],
+    widening: float,
+    calibrated: bool,
+    validated: set[str],
+    time_calibrated: bool = False,
+) -> list[PlanRow]:
+    """The rows the memo shows, chosen first, each once."""
+    status = s.selection.status
+    order = [int(r) for r in s.selection.order]
+    feasible = [r for r in order if status[r] in FEASIBLE]
+    picks: list[int] = [] if chosen is None else [chosen]
+    if nominal is not None and nominal != chosen:
+        picks.append(nominal)
+    picks += [r for r in feasible if r != chosen][:RUNNERS_UP]
+    picks += [r for r in order if s.plans.row(r).short() in validated]
+    for _, test in FAMILIES:
+        picks += [r for r in order if test(s.plans.row(r))][:1]
+    picks += pareto_front(s)
+    for code in (OVER_BUDGET, OVER_DEADLINE):
+        picks += [r for r in order if status[r] == code][:1]
+    picks += [int(r) for r in np.flatnonzero(status == OVER_MEMORY)[:1]]
+    rows, seen = [], set()
+    for r in picks:
+        if r in seen:
+            continue
+        seen.add(r)
+        st = STATUSES[status[r]]
+        if r == chosen:
+            st = "selected"
+        elif r == nominal or st == "selected":
+            st = "less robust"
+        reason = why(s, r, chosen, budget, st)
+        rows.append(
+            plan_row(s, r, st, reason, memory_errors, widening, calibrated, validated, time_calibrated)
+        )
+    return rows

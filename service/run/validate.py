@@ -1,0 +1,205 @@
+"""What to validate on proxies, and how the proxies are shaped so each model term they can identify is.
+
+Choice: the plan the prior ranking selects, then the best-ranked plan of every competitive strategy
+family that is not yet covered (pure DP + ZeRO-3; TP inside a node + ZeRO-1/2; pipeline; with and
+without activation recompute; with and without offload), up to `max_proxies` distinct proxy plans.
+
+Proxy shape: the production architecture with fewer layers on fewer workers, the plan's structure
+kept (ZeRO stage, offload, micro-batch, recompute; tp and pp as far as the workers allow). On a GPU
+of the production type the width is kept; on CPU it is narrowed (`hidden_scale`, heads kept) and the
+sequence shortened so a trial takes seconds, which is why CPU proxies calibrate memory terms only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from service.spec.experiment import ExperimentSpec
+from service.spec.plan import Plan
+from service.spec.proxy import ProxySpec
+
+# Strategy families: (name, test). "no recompute" / "no offload" give the other side of each lever.
+FAMILIES: tuple[tuple[str, Callable[[Plan], bool]], ...] = (
+    ("DP + ZeRO-3", lambda p: p.tp == 1 and p.pp == 1 and p.zero_stage == 3),
+    ("TP in node + ZeRO-1/2", lambda p: p.tp > 1 and p.zero_stage in (1, 2)),
+    ("pipeline", lambda p: p.pp > 1),
+    ("recompute", lambda p: p.recompute != "none"),
+    ("no recompute", lambda p: p.recompute == "none"),
+    ("offload", lambda p: p.offload_optimizer or p.offload_params),
+    ("no offload", lambda p: not (p.offload_optimizer or p.offload_params)),
+)
+
+CPU_MAX_WIDTH = 256  # a narrowed CPU proxy keeps hidden_size at or below this
+CPU_SEQ_LEN = 256
+CPU_WORKERS = 2
+CPU_LAYERS = 4
+CPU_MIN_VOCAB = 256
+
+IDENTIFIES_CPU = [
+    "model-state bytes per rank for each ZeRO stage and offload (DeepSpeed's own tensors, counted)",
+    "saved-activation bytes per token per layer, with and without recompute (fits activation_memory_scale)",
+    "pipeline micro-batches in flight, logits and loss buffers",
+    "that DeepSpeed builds and steps each layout (tp via AutoTP, pp via PipelineModule, offload)",
+]
+CANNOT_IDENTIFY_CPU = [
+    "GPU time terms: GEMM and flash-attention efficiency, NVLink / InfiniBand bus efficiency, collective "
+    "latency (CPU time says nothing about H100 time; these keep the published-set parameters)",
+    "inter-node effects and anything that appears only beyond one node",
+    "CUDA framework overhead and allocator fragmentation (taken from the GPU catalog)",
+    "flash-attention's kernel workspace at production sequence length (CPU SDPA, shorter sequences)",
+    "sequence parallelism's activation saving (the proxies' AutoTP runs without it)",
+]
+IDENTIFIES_GPU = [
+    *IDENTIFIES_CPU,
+    "GEMM / attention efficiency and per-step overheads on the production GPU type (time terms fitted)",
+    "intra-node (NVLink) collectives of the proxy's node",
+]
+CANNOT_IDENTIFY_GPU = [
+    "inter-node (InfiniBand) collectives and ring latency at the production GPU count",
+    "stragglers and failures that appear only at full scale",
+]
+
+
+def families_of(plan: Plan) -> list[str]:
+    return [name for name, test in FAMILIES if test(plan)]
+
+
+def cpu_proxy(experiment: ExperimentSpec) -> ProxySpec:
+    """The experiment's proxy moved to CPU: narrow enough to run in seconds, structure kept."""
+    if experiment.proxy.device == "cpu":
+        return experiment.proxy
+    model = experiment.model
+    scale = 1
+    while model.hidden_size // scale > CPU_MAX_WIDTH:
+        nxt = scale * 2
+        if model.hidden_size % nxt or (model.hidden_size // nxt) % model.num_attention_heads:
+            break
+        scale = nxt
+    return ProxySpec(
+        num_layers=min(CPU_LAYERS, model.num_layers),
+        hidden_scale=scale,
+        # The vocabulary narrows with the width, so the logits do not drown the layers' activations.
+        vocab_size=max(CPU_MIN_VOCAB, model.vocab_size // scale),
+        seq_len=min(CPU_SEQ_LEN, experiment.workload.seq_len),
+        num_workers=CPU_WORKERS,
+        device="cpu",
+        precision="fp32",
+        steps=4,
+        warmup_steps=2,
+        seed=experiment.proxy.seed,
+    )
+
+
+def design_proxy(experiment: ExperimentSpec, device: str) -> tuple[ExperimentSpec, dict[str, Any]]:
+    """(the experiment with the proxy that will run, a description for the memo).
+
+    `device`: "cuda" when a GPU of the production type is here and the experiment asks for one;
+    anything else runs the CPU proxy.
+    """
+    on_gpu = device == "cuda" and experiment.proxy.device == "cuda"
+    proxy = experiment.proxy if on_gpu else cpu_proxy(experiment)
+    exp = experiment.model_copy(update={"proxy": proxy})
+    model = experiment.model.scaled(num_layers=proxy.num_layers, hidden_scale=proxy.hidden_scale)
+    info = {
+        "device": proxy.device,
+        "gpu": experiment.cluster.gpu.name if on_gpu else "cpu",
+        "num_layers": proxy.num_layers,
+        "hidden_size": model.hidden_size,
+        "hidden_scale": proxy.hidden_scale,
+        "num_attention_heads": model.num_attention_heads,
+        "seq_len": proxy.seq_len or experiment.workload.seq_len,
+        "num_workers": proxy.num_workers,
+        "precision": proxy.precision if proxy.device == "cpu" else "the plan's",
+        "steps": proxy.steps,
+        "warmup_steps": proxy.warmup_steps,
+        "time_terms": "fitted on the proxies" if on_gpu else "kept at the published-set parameters",
+        "why": (
+            "a GPU of the production type is here: full width, fewer layers, one node"
+            if on_gpu
+            else (
+                "no GPU here (or the experiment's proxy is a CPU one): narrowed "
+                f"{experiment.model.hidden_size}→{model.hidden_size}, vocabulary "
+                f"{experiment.model.vocab_size}→{proxy.vocab_size or experiment.model.vocab_size}, "
+                f"{proxy.num_layers} layers, "
+                f"sequence {proxy.seq_len or experiment.workload.seq_len}, {proxy.num_workers} CPU workers"
+            )
+        ),
+        "identifies": IDENTIFIES_GPU if on_gpu else IDENTIFIES_CPU,
+        "cannot_identify": CANNOT_IDENTIFY_GPU if on_gpu else CANNOT_IDENTIFY_CPU,
+    }
+    return exp, info
+
+
+def proxy_plan_for(plan: Plan, experiment: ExperimentSpec) -> Plan:
+    """`plan` at proxy scale: tp and pp as far as the proxy's workers and layers allow, dp fills the rest.
+
+    grad_accum is capped (2 without a pipeline, 4 with one) to keep trials short: activations peak per
+    micro-batch without a pipeline, and a pipeline needs at least pp micro-batches in flight.
+    """
+    proxy, model = experiment.proxy, experiment.model
+    workers = proxy.num_workers
+    tp = max(
+        d
+        for d in range(1, min(plan.tp, workers) + 1)
+        if workers % d == 0 and model.num_attention_heads % d == 0
+    )
+    pp_max = min(plan.pp, workers // tp, proxy.num_layers)
+    pp = max(d for d in range(1, pp_max + 1) if (workers // tp) % d == 0 and proxy.num_layers % d == 0)
+    grad_accum = min(plan.grad_accum, 2) if pp == 1 else min(max(plan.grad_accum, pp), 4)
+    return plan.model_copy(
+        update={
+            "tp": tp,
+            "pp": pp,
+            "dp": workers // (tp * pp),
+            "grad_accum": grad_accum,
+            "sequence_parallel": False,  # the proxy's AutoTP has no sequence parallelism
+            "precision": proxy.precision if proxy.device == "cpu" else plan.precision,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A production plan picked for validation, its proxy plan and why it was picked."""
+
+    row: int
+    plan: Plan
+    proxy_plan: Plan
+    reason: str
+
+
+def choose(
+    plans: list[tuple[int, Plan]], experiment: ExperimentSpec, max_proxies: int
+) -> tuple[list[Choice], list[str]]:
+    """(choices, notes): `plans` is the ranking (row, plan), best first; notes say what was skipped."""
+    from service.train.proxy_scale import proxy_plan_problem
+
+    chosen: list[Choice] = []
+    notes: list[str] = []
+    seen: set[str] = set()
+
+    def take(row: int, plan: Plan, reason: str) -> bool:
+        proxy = proxy_plan_for(plan, experiment)
+        if proxy.short() in seen:
+            return False
+        problem = proxy_plan_problem(experiment, proxy)
+        if problem:
+            notes.append(f"{plan.short()} ({reason}): no proxy: {problem}")
+            return False
+        seen.add(proxy.short())
+        chosen.append(Choice(row, plan, proxy, reason))
+        return True
+
+    if plans:
+        take(plans[0][0], plans[0][1], "the prior ranking's choice")
+    for name, test in FAMILIES:
+        if len(chosen) >= max_proxies:
+            break
+        if any(test(c.plan) for c in chosen):
+            continue
+        for rank, (row, plan) in enumerate(plans, start=1):
+            if test(plan) and take(row, plan, f"best {name} plan (rank {rank})"):
+                break
+    return chosen[:max_proxies], notes
