@@ -13,7 +13,7 @@ import os
 
 from pydantic import ValidationError
 
-from service.spec.experiment import load_experiment
+from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.plan import Plan
 
 
@@ -42,23 +42,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _plan(args: argparse.Namespace, workers: int) -> Plan | str:
-    """The plan the flags describe, or why they describe none."""
-    if workers % (args.tp * args.pp):
-        return f"workers {workers} is not a multiple of tp·pp = {args.tp * args.pp}"
+def _plan(args: argparse.Namespace, experiment: ExperimentSpec) -> Plan | str:
+    """The plan the flags describe (the library's `plan_for_point`), or why they describe none."""
+    from service.train.proxy_scale import plan_for_point
+
+    point = {
+        "tp": args.tp,
+        "pp": args.pp,
+        "zero_stage": args.zero,
+        "offload_optimizer": args.offload_optimizer,
+        "offload_params": args.offload_params,
+        "micro_batch": args.micro_batch,
+        "grad_accum": args.grad_accum,
+        "recompute": args.recompute,
+    }
     try:
-        return Plan(
-            dp=workers // (args.tp * args.pp),
-            tp=args.tp,
-            pp=args.pp,
-            zero_stage=args.zero,
-            offload_optimizer=args.offload_optimizer,
-            offload_params=args.offload_params,
-            micro_batch=args.micro_batch,
-            grad_accum=args.grad_accum,
-            recompute=args.recompute,
-            precision=args.precision,
-        )
+        return plan_for_point(experiment, point, precision=args.precision)
     except ValidationError as err:
         return str(err.errors(include_url=False)[0]["msg"]).removeprefix("Value error, ")
 
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         experiment = experiment.model_copy(update={"proxy": proxy})
     if args.address:
         os.environ["RAY_ADDRESS"] = args.address
-    plan = _plan(args, workers)
+    plan = _plan(args, experiment)
     if isinstance(plan, str):
         result = {
             "status": "invalid",
@@ -103,16 +102,19 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(result) if args.json else f"status: invalid ({plan})")
         return 1
+    from service.cli.stdio import library_output_to_stderr
     from service.train.run import run_proxy
 
-    outcome = run_proxy(
-        experiment,
-        plan,
-        steps=args.steps,
-        checkpoint_every=args.checkpoint_every,
-        inject_failure_at_step=args.inject_failure_at_step,
-        storage_path=args.storage_path,
-    )
+    # Ray prints on stdout when a worker dies (e.g. with --inject-failure-at-step): keep stdout ours.
+    with library_output_to_stderr():
+        outcome = run_proxy(
+            experiment,
+            plan,
+            steps=args.steps,
+            checkpoint_every=args.checkpoint_every,
+            inject_failure_at_step=args.inject_failure_at_step,
+            storage_path=args.storage_path,
+        )
     data = outcome.model_dump(mode="json")
     if args.json:
         print(json.dumps(data))

@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from service.spec.errors import SpecError
@@ -28,20 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-trials", type=int, help="Most trials to launch. Default: the space's.")
     parser.add_argument("--resume", metavar="PATH", help="Continue the search saved in PATH (its folder).")
     parser.add_argument("--json", action="store_true", help="Print one JSON document on stdout.")
-
-
-@contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """While Ray, Tune and MLflow run, anything written to stdout goes to stderr, so --json is clean."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _make_search(args: argparse.Namespace) -> Any:
@@ -112,8 +94,10 @@ def _report(result: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from service.cli.stdio import library_output_to_stderr
+
     search = _make_search(args)
-    with _stdout_to_stderr():
+    with library_output_to_stderr():  # Ray, Tune and MLflow print on stdout; --json must parse
         result = search.fit()
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, default=str))

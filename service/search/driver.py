@@ -28,6 +28,7 @@ from service.search.space import Algorithm, SearchSpace, load_space, space_from_
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.tracking.uri import TrackingTarget, repo_root, resolve
+from service.train.ray_session import ensure_ray
 
 STATE_FILE = "search_state.json"
 RESULTS_ENV = "SERVICE_SEARCH_DIR"  # where searches are kept when no storage_path is given
@@ -49,24 +50,10 @@ def _env(**values: str) -> Any:
             os.environ.pop(k, None)
 
 
-def ensure_ray(world_size: int) -> bool:
-    """Connects to RAY_ADDRESS, or starts a local Ray on 127.0.0.1; True when this call started it.
-
-    The local Ray gets one logical CPU beyond the machine's (or the trial's world size, if larger) for
-    the trial drivers, which hold 0.01 CPU each while their workers hold one CPU each.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-    else:
-        cpus = max(os.cpu_count() or 1, world_size) + 1
-        # No dashboard: what it would clean up for stopped trials (their placement groups), the
-        # search's own PlacementGroupSweeper does without it (see stopping.py).
-        ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-    return True
+def driver_cpus(world_size: int) -> int:
+    """Logical CPUs of a local Ray for a search: one beyond the machine's (or the trial's world size, if
+    larger) for the trial drivers, which hold 0.01 CPU each while their workers hold one CPU each."""
+    return max(os.cpu_count() or 1, world_size) + 1
 
 
 def max_concurrent_trials(world_size: int, device: str) -> int:
@@ -253,7 +240,7 @@ class Search:
             recording.record_pruned(self.target, self.name, pr.pruned)
         if not pr.candidates:
             return self._all_pruned(pr)
-        started = ensure_ray(self.experiment.proxy.num_workers)
+        started = ensure_ray(driver_cpus(self.experiment.proxy.num_workers))
         try:
             with _env(TUNE_DISABLE_STRICT_METRIC_CHECKING="1", TUNE_GLOBAL_CHECKPOINT_S="2"):
                 grid = self._tuner(pr).fit()

@@ -18,6 +18,9 @@ from pydantic import ValidationError
 from service.search.space import SearchSpace
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
+from service.train.proxy_scale import plan_for_point
+
+__all__ = ["Candidate", "PruneResult", "PrunedPlan", "plan_for_point", "prune_space"]
 
 PruneKind = Literal["invalid", "constraint", "predicted_oom"]
 
@@ -58,16 +61,6 @@ class PruneResult:
     @property
     def size(self) -> int:
         return len(self.candidates) + len(self.pruned)
-
-
-def plan_for_point(experiment: ExperimentSpec, point: dict[str, Any]) -> Plan:
-    """The proxy-scale plan of `point`: dp fills the proxy's workers; precision is the proxy's.
-
-    Raises `ValidationError` for combinations `Plan` itself rejects (e.g. offload_params with ZeRO-1).
-    """
-    tp, pp = int(point.get("tp", 1)), int(point.get("pp", 1))
-    dp = max(1, experiment.proxy.num_workers // (tp * pp))  # a remainder is left to plan_problem to report
-    return Plan(**{**point, "dp": dp, "precision": experiment.proxy.precision})
 
 
 def predicted_value(metric: str, predicted: dict[str, float], seq_len: int) -> float:

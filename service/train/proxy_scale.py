@@ -7,6 +7,8 @@ planner's prediction and the proxy's measurement describe the same run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from service.spec.experiment import ExperimentSpec
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
@@ -53,6 +55,22 @@ def proxy_workload(experiment: ExperimentSpec, plan: Plan) -> Workload:
         global_batch_sequences=plan.sequences_per_step,
         tokens_to_train=float(plan.sequences_per_step * seq_len * steps),
     )
+
+
+def plan_for_point(experiment: ExperimentSpec, point: dict[str, Any], precision: str | None = None) -> Plan:
+    """The proxy-scale plan of `point` (some `Plan` fields): dp fills the proxy's workers.
+
+    Args:
+        experiment: its `proxy.num_workers` sets dp = workers // (tp·pp); a remainder is left for
+            `proxy_plan_problem` to report.
+        point: `Plan` fields other than dp (a search-space point, or the proxy-run flags).
+        precision: the plan's precision (default: the proxy's, which is what a CPU proxy computes in).
+
+    Raises `ValidationError` for combinations `Plan` itself rejects (e.g. offload_params with ZeRO-1).
+    """
+    tp, pp = int(point.get("tp", 1)), int(point.get("pp", 1))
+    dp = max(1, experiment.proxy.num_workers // (tp * pp))
+    return Plan(**{**point, "dp": dp, "precision": precision or experiment.proxy.precision})
 
 
 def proxy_plan(experiment: ExperimentSpec, plan: Plan) -> Plan:

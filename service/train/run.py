@@ -16,7 +16,10 @@ from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
 from service.train.ds_config import deepspeed_config
 from service.train.proxy_scale import predict_proxy, proxy_model, proxy_plan, proxy_plan_problem
+from service.train.ray_session import ensure_ray
 from service.train.worker import LOG_FILE
+
+__all__ = ["ProxyResult", "classify_failure", "ensure_ray", "read_log", "run_proxy"]
 
 Status = Literal["ok", "oom", "invalid", "failed"]
 SUMMARY_KEYS = (
@@ -114,49 +117,6 @@ def _summaries(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, f
             measured[k] = metrics[k]
     predicted = {k.removeprefix("predicted_"): v for k, v in metrics.items() if k.startswith("predicted_")}
     return measured, predicted
-
-
-def _free_local_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def ensure_ray(num_cpus: int) -> None:
-    """Connects to RAY_ADDRESS if set, else starts a local Ray bound to 127.0.0.1 (once per process).
-
-    The local Ray's own processes get RAY_ADDRESS pointing at it. Without that, Ray Train's
-    placement-group cleaner (it asks the State API whether the trial's controller is alive) finds "the
-    latest Ray started with `ray start`" on a shared machine, i.e. someone else's cluster, does not see
-    our controller there and removes our running trial's placement group, killing its workers.
-    """
-    import os
-
-    import ray
-
-    if ray.is_initialized():
-        return
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"])
-        return
-    port = _free_local_port()
-    previous = os.environ.get("RAY_GCS_SERVER_PORT")
-    os.environ["RAY_GCS_SERVER_PORT"] = str(port)  # read by Ray's node start-up (ray/_private/node.py)
-    try:
-        ray.init(
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=False,
-            runtime_env={"env_vars": {"RAY_ADDRESS": f"127.0.0.1:{port}"}},
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("RAY_GCS_SERVER_PORT", None)
-        else:
-            os.environ["RAY_GCS_SERVER_PORT"] = previous
 
 
 def _safe_name(plan: Plan) -> str:

@@ -1,0 +1,48 @@
+"""Keeps a command's stdout for its own output while Ray, DeepSpeed and MLflow run.
+
+Those libraries print from background threads and from child processes (Ray's "(raylet) A worker
+died ..." line arrives on the driver's stdout when a worker is killed), so a `--json` document would
+no longer parse. `library_output_to_stderr()` points file descriptor 1 at stderr for the duration of
+the block, at the OS level, so every writer is covered: Python's `print`, C++ logging, and any process
+started inside the block (which inherits fd 1). Ray is shut down before fd 1 is given back, so none
+of its threads can write after the command's own output.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def shutdown_ray() -> None:
+    """Stops this process's Ray connection (and a local Ray it started), if any, flushing its output."""
+    if "ray" not in sys.modules:
+        return
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@contextmanager
+def library_output_to_stderr(stop_ray: bool = True) -> Iterator[None]:
+    """Within the block fd 1 is stderr; afterwards it is the real stdout again.
+
+    Args:
+        stop_ray: shut Ray down at the end of the block (its log threads write until then).
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        try:
+            if stop_ray:
+                shutdown_ray()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
