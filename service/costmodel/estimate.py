@@ -12,8 +12,9 @@ from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
 from service.plans.table import PlanTable
-from service.spec.hardware import ClusterSpec
+from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
+from service.spec.params import ModelParams, interval_bounds, load_params
 from service.spec.plan import Plan
 from service.spec.workload import Workload
 from service.spec.zero import ZeroKnobs
@@ -64,7 +65,9 @@ def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.n
     return params, grads, optimizer, cpu
 
 
-def _memory(model: ModelSpec, workload: Workload, p: PlanTable) -> tuple[_Memory, _Memory]:
+def _memory(
+    model: ModelSpec, workload: Workload, p: PlanTable, activation_scale: float = 1.0
+) -> tuple[_Memory, _Memory]:
     """Memory of the first and of the last pipeline stage (the same stage when pp = 1)."""
     d = mem.activation_bytes_per_element(p.precision)
     tokens = p.micro_batch * workload.seq_len
@@ -90,13 +93,35 @@ def _memory(model: ModelSpec, workload: Workload, p: PlanTable) -> tuple[_Memory
         # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
         # the peak holds one of the two, not both (measured on the proxy, tests/train).
         activations = tokens * per_layer * layers * micro_batches + np.maximum(recompute_peak - logits, 0.0)
+        activations = activation_scale * activations
         stages.append(_Memory(params, grads, optimizer, activations, logits, buffers, cpu))
     return stages[0], stages[1]
 
 
-def _times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable) -> dict[str, np.ndarray]:
+def effective_gpu(gpu: GPUSpec, params: ModelParams) -> GPUSpec:
+    """The catalog GPU with the fitted kernel-efficiency factors applied (capped at the peak)."""
+    return gpu.model_copy(
+        update={
+            "gemm_efficiency_max": min(1.0, gpu.gemm_efficiency_max * params["gemm_efficiency_scale"]),
+            "attention_efficiency": min(1.0, gpu.attention_efficiency * params["attention_efficiency_scale"]),
+        }
+    )
+
+
+def links(params: ModelParams) -> comm.Links:
+    return comm.Links(
+        intra_efficiency=params["intra_node_bus_efficiency"],
+        inter_efficiency=params["inter_node_bus_efficiency"],
+        latency_scale=params["collective_latency_scale"],
+    )
+
+
+def _times(
+    model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
+) -> dict[str, np.ndarray]:
     """Seconds per optimizer step by term, after overlap (the slowest pipeline stage)."""
-    gpu, s = cluster.gpu, workload.seq_len
+    gpu, s = effective_gpu(cluster.gpu, params), workload.seq_len
+    net = links(params)
     d = mem.activation_bytes_per_element(p.precision)
     peak = (
         np.select(
@@ -112,10 +137,11 @@ def _times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTa
     flash = workload.flash_attention
     attention = compute.attention_time_forward_s(model, tokens, s, p.tp, gpu, peak, d, flash) * layers
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
+    elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
     fwd = np.maximum(gemm + attention + elementwise + head, compute.launch_bound_s(gpu, kernels))
-    bwd_work = 2 * gemm + (compute.ATTENTION_BACKWARD_RATIO if flash else 2.0) * attention
+    bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
     # Selective recompute re-runs each block's attention sub-block (projections and attention core).
@@ -133,18 +159,23 @@ def _times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTa
     tp_mb = (
         tp_messages
         * layers
-        * comm.all_reduce_time_s(tokens * model.hidden_size * d, p.tp, 1, cluster.gpus_per_node, gpu)
+        * comm.all_reduce_time_s(
+            tokens * model.hidden_size * d, p.tp, 1, cluster.gpus_per_node, gpu, links=net
+        )
     )
 
     # Pipeline: activations forward and their gradients backward across each stage boundary, and the
     # 1F1B bubble of (pp − 1) micro-batch slots (Narayanan et al. 2021, §2.2).
     crosses = p.dp * p.tp >= cluster.gpus_per_node
-    pp_mb = np.where(p.pp > 1, 2 * comm.p2p_time_s(tokens * model.hidden_size * d, crosses, gpu), 0.0)
+    pp_mb = np.where(p.pp > 1, 2 * comm.p2p_time_s(tokens * model.hidden_size * d, crosses, gpu, net), 0.0)
     slot = fwd + bwd + recompute + tp_mb + pp_mb
     bubble = (p.pp - 1) * slot
 
-    dp_comm, offload, optimizer_step = _data_parallel_and_offload(model, cluster, p, fwd, bwd)
+    dp_comm, offload, optimizer_step = _data_parallel_and_offload(model, cluster, p, fwd, bwd, gpu, net)
     ga = p.grad_accum
+    # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
+    # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
+    overhead = params["step_overhead_s"] + ga * params["microstep_overhead_s"]
     return {
         "compute": ga * (fwd + bwd) + optimizer_step,
         "recompute": ga * recompute,
@@ -153,11 +184,18 @@ def _times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTa
         "pp_comm": ga * pp_mb,
         "bubble": bubble,
         "offload": offload,
+        "overhead": np.asarray(overhead, dtype=float),
     }
 
 
 def _data_parallel_and_offload(
-    model: ModelSpec, cluster: ClusterSpec, p: PlanTable, fwd: np.ndarray, bwd: np.ndarray
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    p: PlanTable,
+    fwd: np.ndarray,
+    bwd: np.ndarray,
+    gpu: GPUSpec,
+    net: comm.Links,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exposed data-parallel communication, exposed offload time and the GPU optimizer step.
 
@@ -167,7 +205,7 @@ def _data_parallel_and_offload(
     after the step; stage 3 all-gathers parameters in forward and backward and reduce-scatters gradients
     every micro-batch, prefetched behind compute.
     """
-    gpu, gpn = cluster.gpu, cluster.gpus_per_node
+    gpn = cluster.gpus_per_node
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp))
     grads_b, params_b = psi * gb, psi * pb
@@ -176,11 +214,10 @@ def _data_parallel_and_offload(
     bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
     buckets = np.ceil(psi / bucket)
     modules = (model.num_layers / p.pp) * (7 if model.mlp == "swiglu" else 4)
-    ar = comm.all_reduce_time_s(grads_b, p.dp, p.tp, gpn, gpu, buckets)
-    rs = comm.reduce_scatter_time_s(
-        grads_b, p.dp, p.tp, gpn, gpu, np.where(p.zero_stage == 3, modules, buckets)
-    )
-    ag = comm.all_gather_time_s(params_b, p.dp, p.tp, gpn, gpu, np.where(p.zero_stage == 3, modules, buckets))
+    collectives = np.where(p.zero_stage == 3, modules, buckets)
+    ar = comm.all_reduce_time_s(grads_b, p.dp, p.tp, gpn, gpu, buckets, net)
+    rs = comm.reduce_scatter_time_s(grads_b, p.dp, p.tp, gpn, gpu, collectives, net)
+    ag = comm.all_gather_time_s(params_b, p.dp, p.tp, gpn, gpu, collectives, net)
     ga = p.grad_accum
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
@@ -204,17 +241,23 @@ def estimate_table(
     workload: Workload,
     plans: PlanTable,
     memory_headroom: float = 0.10,
+    params: ModelParams | None = None,
 ) -> EstimateTable:
-    """Scores every plan in `plans` (assumed valid; see `service.spec.plan.plan_problem`)."""
+    """Scores every plan in `plans` (assumed valid; see `service.spec.plan.plan_problem`).
+
+    `params`: the fitted parameter set (None = the shipped default, `load_params()`); its out-of-sample
+    residuals give the 80 % interval columns (`tokens_per_s_low` … `dollars_high`).
+    """
     p = plans
+    params = load_params() if params is None else params
     overhead = cluster.gpu.framework_overhead_gib * GIB
-    first, last = _memory(model, workload, p)
+    first, last = _memory(model, workload, p, params["activation_memory_scale"])
     use_last = last.total(overhead) > first.total(overhead)
     m = {f: np.where(use_last, getattr(last, f), getattr(first, f)) for f in _Memory.__dataclass_fields__}
     total = np.maximum(first.total(overhead), last.total(overhead))
     limit = np.full(len(p), cluster.gpu.hbm_gib * GIB * (1.0 - memory_headroom))
 
-    t = _times(model, cluster, workload, p)
+    t = _times(model, cluster, workload, p, params)
     step = np.sum(list(t.values()), axis=0)
     tokens_per_s = p.micro_batch * p.grad_accum * p.dp * workload.seq_len / step
     per_gpu = tokens_per_s / cluster.num_gpus
@@ -225,6 +268,9 @@ def estimate_table(
     )
     model_tflops = per_gpu * model_flops_per_token(model, workload.seq_len) / 1e12
     hours = workload.tokens_to_train / tokens_per_s / 3600.0
+    dollars_per_hour = cluster.num_gpus * cluster.price_usd_per_gpu_hour
+    low, high = interval_bounds(tokens_per_s, params, cluster.num_gpus, workload.seq_len, cluster.gpu.name)
+    hours_low, hours_high = workload.tokens_to_train / high / 3600.0, workload.tokens_to_train / low / 3600.0
     return EstimateTable(
         params_bytes=m["params"],
         grads_bytes=m["grads"],
@@ -243,13 +289,25 @@ def estimate_table(
         model_tflops_per_gpu=model_tflops,
         mfu=model_tflops / peak,
         hours=hours,
-        dollars=hours * cluster.num_gpus * cluster.price_usd_per_gpu_hour,
+        dollars=hours * dollars_per_hour,
+        tokens_per_s_low=low,
+        tokens_per_s_high=high,
+        hours_low=hours_low,
+        hours_high=hours_high,
+        dollars_low=hours_low * dollars_per_hour,
+        dollars_high=hours_high * dollars_per_hour,
+        params=params,
         **{f"{k}_s": v for k, v in t.items()},
     )
 
 
 def estimate(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, workload: Workload, memory_headroom: float = 0.10
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    workload: Workload,
+    memory_headroom: float = 0.10,
+    params: ModelParams | None = None,
 ) -> Estimate:
     """The cost model's answer for one plan (validated first; bad plans raise `SpecError`).
 
@@ -264,5 +322,5 @@ def estimate(
     from service.spec.plan import check_plan
 
     check_plan(plan, model, cluster, workload)
-    table = estimate_table(model, cluster, workload, PlanTable.from_plans([plan]), memory_headroom)
+    table = estimate_table(model, cluster, workload, PlanTable.from_plans([plan]), memory_headroom, params)
     return Estimate.from_table(table, plan)

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from service.spec.params import ModelParams
 from service.spec.plan import Plan
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
-TIME_TERMS = ("compute", "recompute", "dp_comm", "tp_comm", "pp_comm", "bubble", "offload")
+TIME_TERMS = ("compute", "recompute", "dp_comm", "tp_comm", "pp_comm", "bubble", "offload", "overhead")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class EstimateTable:
     pp_comm_s: np.ndarray
     bubble_s: np.ndarray
     offload_s: np.ndarray  # exposed
+    overhead_s: np.ndarray  # fixed framework time per step and micro-step (fitted; 0 a priori)
     step_time_s: np.ndarray
     tokens_per_s: np.ndarray
     tokens_per_s_per_gpu: np.ndarray
@@ -44,12 +47,22 @@ class EstimateTable:
     mfu: np.ndarray
     hours: np.ndarray  # to train the workload's tokens
     dollars: np.ndarray
+    # 80 % prediction interval from the parameter set's out-of-sample residuals (equal to the point
+    # estimate when the set has none: the uncalibrated prior).
+    tokens_per_s_low: np.ndarray
+    tokens_per_s_high: np.ndarray
+    hours_low: np.ndarray
+    hours_high: np.ndarray
+    dollars_low: np.ndarray
+    dollars_high: np.ndarray
+    params: ModelParams  # the parameter set every row was scored with
 
     def __len__(self) -> int:
         return len(self.total_bytes)
 
     def take(self, index: np.ndarray) -> EstimateTable:
-        return EstimateTable(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        cols = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "params"}
+        return EstimateTable(**cols, params=self.params)
 
 
 class MemoryBreakdown(BaseModel):
@@ -80,6 +93,7 @@ class TimeBreakdown(BaseModel):
     pp_comm: float
     bubble: float
     offload: float
+    overhead: float = 0.0
 
 
 class Estimate(BaseModel):
@@ -99,6 +113,10 @@ class Estimate(BaseModel):
     mfu: float
     hours: float
     dollars: float
+    tokens_per_s_interval: tuple[float, float]  # 80 %: (low, high)
+    hours_interval: tuple[float, float]
+    dollars_interval: tuple[float, float]
+    params: dict[str, Any]  # which parameter set, fit on what, how the interval was made
 
     @classmethod
     def from_table(cls, table: EstimateTable, plan: Plan, i: int = 0) -> Estimate:
@@ -124,4 +142,8 @@ class Estimate(BaseModel):
             mfu=g("mfu"),
             hours=g("hours"),
             dollars=g("dollars"),
+            tokens_per_s_interval=(g("tokens_per_s_low"), g("tokens_per_s_high")),
+            hours_interval=(g("hours_low"), g("hours_high")),
+            dollars_interval=(g("dollars_low"), g("dollars_high")),
+            params=table.params.summary(),
         )

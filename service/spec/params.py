@@ -243,6 +243,6 @@ def save_params(params: ModelParams, path: str | Path) -> Path:
     data = params.model_dump(mode="json")
     p.write_text(
         f"# Cost-model parameter set '{params.name}' v{params.version}: written by "
-        "`python -m service calibrate`.\n" + yaml.safe_dump(data, sort_keys=False)
+        "`python -m service calibrate`.\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
     )
     return p

@@ -88,7 +88,7 @@ def _one_line_error(capsys, argv: list[str], *needles: str) -> str:
         (
             "unknown-key",
             lambda d: d.update(nmae=d.pop("name")),
-            ["nmae: unknown field", "allowed: budget, cluster"],
+            ["nmae: unknown field", "allowed: ", "budget, cluster", "model, name"],
         ),
         (
             "nested-key",

@@ -1,0 +1,170 @@
+"""Leave-one-source-out cross-validation, and the prediction intervals it yields.
+
+For each source s: fit on every other source, predict s's runs. Those out-of-sample log residuals
+log(measured / predicted) are the honest error of the method on a source it has never seen.
+
+Intervals (80 %): the source-weighted 10th and 90th percentiles of the out-of-sample log residuals
+(every source weighs the same however many rows it has), around the point estimate, widened outside
+the fitted domain by `ModelParams.widening` (more GPUs, longer sequences, an unseen GPU type). Their
+coverage is checked the same way: the interval for a held-out source is built from the other
+sources' out-of-sample residuals and the fold's domain, never from the source itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.calibrate.fit import fit, predict_runs
+from service.calibrate.runs import MeasuredRun
+from service.spec.params import TIME_PARAMS, Domain, ModelParams, Residuals, interval_bounds
+
+METHOD = (
+    "leave-one-source-out log residuals log(measured/predicted), source-weighted 10th/90th percentiles; "
+    "widened by 1 + {w:g}·(doublings beyond the fitted GPU count and sequence length) + {u:g} for an "
+    "unseen GPU type"
+)
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The q-quantile of `values` under `weights` (midpoint interpolation of the weighted CDF)."""
+    order = np.argsort(values)
+    v, w = np.asarray(values, float)[order], np.asarray(weights, float)[order]
+    cdf = (np.cumsum(w) - 0.5 * w) / w.sum()
+    return float(np.interp(q, cdf, v))
+
+
+def domain_of(runs: Sequence[MeasuredRun]) -> Domain:
+    return Domain(
+        max_gpus=max(r.cluster.num_gpus for r in runs),
+        max_seq_len=max(r.workload.seq_len for r in runs),
+        gpu_types=sorted({r.cluster.gpu.name for r in runs}),
+    )
+
+
+def residuals_summary(log_res: np.ndarray, sources: Sequence[str], prior: ModelParams) -> Residuals:
+    """Source-weighted q10/q90 of out-of-sample log residuals."""
+    counts = {s: sources.count(s) for s in set(sources)}
+    w = np.array([1.0 / counts[s] for s in sources])
+    return Residuals(
+        n=len(log_res),
+        q10=weighted_quantile(log_res, w, 0.10),
+        q90=weighted_quantile(log_res, w, 0.90),
+        method=METHOD.format(w=prior.widen_per_doubling, u=prior.widen_unseen_gpu),
+    )
+
+
+@dataclass(frozen=True)
+class SourceScore:
+    source: str
+    n: int
+    mape: float  # mean |predicted/measured − 1| out of sample
+    bias_log: float  # mean log(predicted/measured)
+    coverage: float  # share of runs inside their 80 % interval
+    params: ModelParams  # the fold's fit (on every other source)
+
+
+@dataclass(frozen=True)
+class CrossValidation:
+    """Out-of-sample errors per source and overall, and the interval coverage."""
+
+    per_source: dict[str, SourceScore]
+    predicted: dict[str, float]  # run id → out-of-sample tokens/s per GPU
+    low: dict[str, float]
+    high: dict[str, float]
+    log_residuals: dict[str, float]  # run id → log(measured / predicted), out of sample
+    sources: dict[str, str] = field(default_factory=dict)  # run id → source
+
+    @property
+    def mape(self) -> float:
+        return float(np.mean([abs(np.exp(-r) - 1) for r in self.log_residuals.values()]))
+
+    @property
+    def coverage(self) -> float:
+        inside = [
+            self.low[k] <= self.predicted[k] * np.exp(r) <= self.high[k]
+            for k, r in self.log_residuals.items()
+        ]
+        return float(np.mean(inside))
+
+    def residuals(self, prior: ModelParams) -> Residuals:
+        ids = list(self.log_residuals)
+        return residuals_summary(
+            np.array([self.log_residuals[i] for i in ids]), [self.sources[i] for i in ids], prior
+        )
+
+
+def leave_one_source_out(
+    runs: Sequence[MeasuredRun], prior: ModelParams | None = None, names: Sequence[str] = TIME_PARAMS
+) -> CrossValidation:
+    """Fits once per source without it and scores that source; then builds each held-out source's
+    intervals from the other sources' out-of-sample residuals (see the module docstring)."""
+    prior = prior or ModelParams()
+    runs = [r for r in runs if r.tokens_per_s_per_gpu]
+    sources = sorted({r.source for r in runs})
+    if len(sources) < 2:
+        raise ValueError("leave-one-source-out needs runs from at least two sources")
+    folds: dict[str, ModelParams] = {}
+    predicted: dict[str, float] = {}
+    log_res: dict[str, float] = {}
+    for s in sources:
+        train = [r for r in runs if r.source != s]
+        test = [r for r in runs if r.source == s]
+        params = fit(train, prior, names, name=f"without-{s}").params
+        folds[s] = params.model_copy(update={"domain": domain_of(train)})
+        for r, p in zip(test, predict_runs(test, params), strict=True):
+            predicted[r.id] = float(p)
+            log_res[r.id] = float(np.log(r.tokens_per_s_per_gpu / p))  # type: ignore[operator]
+    source_of = {r.id: r.source for r in runs}
+    low: dict[str, float] = {}
+    high: dict[str, float] = {}
+    per_source: dict[str, SourceScore] = {}
+    for s in sources:
+        others = [i for i in log_res if source_of[i] != s]
+        resid = residuals_summary(
+            np.array([log_res[i] for i in others]), [source_of[i] for i in others], prior
+        )
+        fold = folds[s].model_copy(update={"residuals": resid})
+        test = [r for r in runs if r.source == s]
+        for r in test:
+            lo, hi = interval_bounds(
+                predicted[r.id], fold, r.cluster.num_gpus, r.workload.seq_len, r.cluster.gpu.name
+            )
+            low[r.id], high[r.id] = float(lo), float(hi)
+        res = np.array([log_res[r.id] for r in test])
+        inside = [low[r.id] <= r.tokens_per_s_per_gpu <= high[r.id] for r in test]  # type: ignore[operator]
+        per_source[s] = SourceScore(
+            source=s,
+            n=len(test),
+            mape=float(np.mean(np.abs(np.exp(-res) - 1))),
+            bias_log=float(np.mean(-res)),
+            coverage=float(np.mean(inside)),
+            params=folds[s],
+        )
+    return CrossValidation(per_source, predicted, low, high, log_res, source_of)
+
+
+def calibrate(
+    runs: Sequence[MeasuredRun],
+    prior: ModelParams | None = None,
+    names: Sequence[str] = TIME_PARAMS,
+    name: str = "fitted",
+    note: str = "",
+) -> tuple[ModelParams, CrossValidation]:
+    """The full procedure: cross-validate, then fit on every run; the shipped set carries the
+    cross-validated residuals (its intervals) and the domain of all runs."""
+    prior = prior or ModelParams()
+    cv = leave_one_source_out(runs, prior, names)
+    final = fit(runs, prior, names, name=name).params
+    used = [r for r in runs if r.tokens_per_s_per_gpu]
+    params = final.model_copy(
+        update={
+            "residuals": cv.residuals(prior),
+            "domain": domain_of(used),
+            "note": note,
+            "version": prior.version,
+        }
+    )
+    return params, cv

@@ -1,0 +1,338 @@
+"""Tables of measured training runs, the input of the calibration: the published set
+(benchmarks/published/measurements.yaml), a user's own past runs, proxy runs.
+
+A runs file is YAML in the published set's format (`sources`, optional inline `models`,
+`measurements`: one row per run with its layout as `Plan` fields and exactly one `measured` value), or
+a CSV with one row per run and the columns id, source, model, gpu, num_gpus, gpus_per_node, dp, tp,
+pp, zero_stage, micro_batch, grad_accum, global_batch, seq_len, recompute and one of
+tokens_per_s_per_gpu / step_time_s. Each row becomes a `MeasuredRun`: the specs the cost model takes
+and the measured tokens/s per GPU, converted with the source's own formula. A bad row is a one-line
+`SpecError` naming the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.catalog import load_gpu, load_model
+from service.plans.table import PRECISION_CODES, RECOMPUTE_CODES, PlanTable
+from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workload, plan_problem
+from service.spec.errors import validate_as
+
+FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7"]
+
+
+class Source(BaseModel):
+    """Where a group of measurements comes from and how it defines its numbers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    citation: str
+    framework: str
+    metric: str
+    mfu_definition: str = ""
+    flops_formula: str = ""
+    read_via: str = ""
+
+
+class Measured(BaseModel):
+    """Exactly one measured quantity, in the source's own terms."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens_per_s_per_gpu: float | None = Field(None, gt=0)
+    step_time_s: float | None = Field(None, gt=0)
+    tflops_per_gpu: float | None = Field(None, gt=0)
+    mfu: float | None = Field(None, gt=0, le=1)
+    flops_formula: FlopsFormula | None = None
+    peak_tflops: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_value(self) -> Measured:
+        given = [
+            k for k in ("tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu", "mfu") if getattr(self, k)
+        ]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one measured value, got {given or 'none'}")
+        if (self.tflops_per_gpu or self.mfu) and self.flops_formula is None:
+            raise ValueError("tflops_per_gpu and mfu need flops_formula")
+        if self.mfu and self.peak_tflops is None:
+            raise ValueError("mfu needs peak_tflops")
+        return self
+
+
+class Measurement(BaseModel):
+    """One published run: its layout, as `Plan` fields, and what it measured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    source: str
+    ref: str
+    model: str
+    gpu: str
+    gpu_overrides: dict[str, float] = Field(default_factory=dict)
+    num_gpus: int = Field(gt=0)
+    gpus_per_node: int = Field(8, gt=0)
+    dp: int = Field(gt=0)
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    zero_stage: Literal[0, 1, 2, 3]
+    micro_batch: int = Field(gt=0)
+    grad_accum: int = Field(gt=0)
+    global_batch: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    recompute: Literal["none", "selective", "full"]
+    sequence_parallel: bool = False
+    precision: Literal["bf16", "fp16"] = "bf16"
+    measured: Measured
+    reported_mfu: float | None = None
+    megatron_only: bool = False
+    approximate: bool = False
+    assumptions: list[str] = Field(default_factory=list)
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Measurement:
+        if self.dp * self.tp * self.pp != self.num_gpus:
+            raise ValueError(f"dp·tp·pp = {self.dp * self.tp * self.pp} but num_gpus = {self.num_gpus}")
+        if self.micro_batch * self.grad_accum * self.dp != self.global_batch:
+            raise ValueError("micro_batch·grad_accum·dp != global_batch")
+        return self
+
+    def plan_fields(self) -> dict[str, Any]:
+        keys = ("dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "sequence_parallel")
+        return {**{k: getattr(self, k) for k in keys}, "precision": self.precision}
+
+
+class Dataset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sources: dict[str, Source]
+    models: dict[str, dict[str, Any]]
+    measurements: list[Measurement]
+
+    @model_validator(mode="after")
+    def _known_sources(self) -> Dataset:
+        ids = [m.id for m in self.measurements]
+        if len(set(ids)) != len(ids):
+            raise ValueError("measurement ids must be unique")
+        for m in self.measurements:
+            if m.source not in self.sources:
+                raise ValueError(f"{m.id}: unknown source {m.source!r}")
+        return self
+
+
+def model_spec(ds: Dataset, name: str) -> ModelSpec:
+    """An inline model from the data file (its bookkeeping keys dropped), else a catalog model."""
+    if name in ds.models:
+        fields = {k: v for k, v in ds.models[name].items() if k not in ("source", "source_num_params")}
+        return ModelSpec(name=name, **fields)
+    return load_model(name)
+
+
+def cluster_spec(row: Measurement) -> ClusterSpec:
+    gpu = load_gpu(row.gpu)
+    if row.gpu_overrides:
+        gpu = GPUSpec.model_validate({**gpu.model_dump(), **row.gpu_overrides})
+    nodes = max(1, row.num_gpus // row.gpus_per_node)
+    return ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=min(row.gpus_per_node, row.num_gpus))
+
+
+def workload(row: Measurement) -> Workload:
+    # tokens_to_train only sets hours and dollars, which this benchmark does not score.
+    # Megatron-LM in 2021-22 materialised the attention scores; every other source ran fused attention.
+    flash = not row.source.startswith("megatron-")
+    return Workload(
+        seq_len=row.seq_len,
+        global_batch_sequences=row.global_batch,
+        tokens_to_train=1e9,
+        flash_attention=flash,
+    )
+
+
+def megatron_only_problem(row: Measurement, model: ModelSpec, cluster: ClusterSpec) -> str | None:
+    """Why a `megatron_only` row is not a sound Megatron layout, or None.
+
+    `plan_problem` stays the one judge of the divisibility rules: it checks the TP half of the layout
+    (pp folded into dp) and the PP half (tp folded into dp) separately, so only the DeepSpeed rule
+    against combining them is skipped. The batch split is checked by `Measurement`.
+    """
+    f = row.plan_fields()
+    tp_half = Plan(**{**f, "pp": 1, "dp": row.dp * row.pp})
+    pp_half = Plan(**{**f, "tp": 1, "dp": row.dp * row.tp, "sequence_parallel": False})
+    for half in (tp_half, pp_half):
+        problem = plan_problem(half, model, cluster)
+        if problem:
+            return f"{problem[0]}: {problem[1]}"
+    return None
+
+
+def narayanan_eq3_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Narayanan et al. 2021, Eq. 3 divided by B·s: 96·l·h²·(1 + s/(6h) + V/(16·l·h)), recompute included."""
+    n_layers, h, v = model.num_layers, model.hidden_size, model.vocab_size
+    return 96 * n_layers * h * h * (1 + seq_len / (6 * h) + v / (16 * n_layers * h))
+
+
+def korthikanti_eq7_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Korthikanti et al. 2022, Eq. 7 divided by B·s: 72·L·h²·(1 + s/(6h) + V/(12·h·L)) model FLOPs."""
+    n_layers, h, v = model.num_layers, model.hidden_size, model.vocab_size
+    return 72 * n_layers * h * h * (1 + seq_len / (6 * h) + v / (12 * h * n_layers))
+
+
+FLOPS_PER_TOKEN = {
+    "narayanan2021_eq3": narayanan_eq3_flops_per_token,
+    "korthikanti2022_eq7": korthikanti_eq7_flops_per_token,
+}
+
+
+def measured_tokens_per_s_per_gpu(row: Measurement, model: ModelSpec) -> float:
+    """The measurement as tokens/s per GPU, converted with the source's own FLOP formula."""
+    m = row.measured
+    if m.tokens_per_s_per_gpu:
+        return m.tokens_per_s_per_gpu
+    if m.step_time_s:
+        return row.global_batch * row.seq_len / (m.step_time_s * row.num_gpus)
+    assert m.flops_formula is not None
+    per_token = FLOPS_PER_TOKEN[m.flops_formula](model, row.seq_len)
+    if m.tflops_per_gpu:
+        return m.tflops_per_gpu * 1e12 / per_token
+    assert m.mfu is not None and m.peak_tflops is not None
+    return m.mfu * m.peak_tflops * 1e12 / per_token
+
+
+def megatron_plan_table(row: Measurement) -> PlanTable:
+    """A one-row `PlanTable` of the row's layout, built without `Plan`'s DeepSpeed-only checks."""
+    cols = {
+        **row.plan_fields(),
+        "recompute": RECOMPUTE_CODES.index(row.recompute),
+        "precision": PRECISION_CODES.index(row.precision),
+        "offload_optimizer": False,
+        "offload_params": False,
+    }
+    return PlanTable.from_columns(**{k: np.asarray([v]) for k, v in cols.items()})
+
+
+class MeasuredRun(BaseModel):
+    """One measured run: the specs the cost model scores and what was measured.
+
+    `plan` of a layout DeepSpeed cannot run (tp > 1 with pp > 1, `megatron_only`) is built without
+    `Plan`'s DeepSpeed rules; the cost model scores it all the same.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    source: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    workload: Workload
+    plan: Plan
+    tokens_per_s_per_gpu: float | None = Field(None, gt=0, description="Measured tokens/s per GPU.")
+    activations_bytes: float | None = Field(None, gt=0, description="Measured saved activations per GPU.")
+    model_state_bytes: float | None = Field(
+        None, gt=0, description="Measured params+grads+optimizer per GPU."
+    )
+    approximate: bool = False
+
+    def plan_table(self) -> PlanTable:
+        p = self.plan
+        cols = {
+            "dp": p.dp,
+            "tp": p.tp,
+            "pp": p.pp,
+            "zero_stage": p.zero_stage,
+            "micro_batch": p.micro_batch,
+            "grad_accum": p.grad_accum,
+            "sequence_parallel": p.sequence_parallel,
+            "recompute": RECOMPUTE_CODES.index(p.recompute),
+            "precision": PRECISION_CODES.index(p.precision),
+            "offload_optimizer": p.offload_optimizer,
+            "offload_params": p.offload_params,
+        }
+        return PlanTable.from_columns(**{k: np.asarray([v]) for k, v in cols.items()})
+
+
+def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
+    """The `MeasuredRun` of one row of a runs file."""
+    model = model_spec(ds, row.model)
+    fields = row.plan_fields()
+    # Plan re-checks DeepSpeed's rules whenever it is validated, so a megatron-only layout is put in
+    # after validation (with the TP half of it standing in while the record is checked).
+    stand_in = Plan(**{**fields, "pp": 1, "dp": row.dp * row.pp}) if row.megatron_only else Plan(**fields)
+    run = MeasuredRun(
+        id=row.id,
+        source=row.source,
+        model=model,
+        cluster=cluster_spec(row),
+        workload=workload(row),
+        plan=stand_in,
+        tokens_per_s_per_gpu=measured_tokens_per_s_per_gpu(row, model),
+        approximate=row.approximate,
+    )
+    return run.model_copy(update={"plan": Plan.model_construct(**fields)}) if row.megatron_only else run
+
+
+CSV_INT_FIELDS = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum")
+CSV_INT_FIELDS += ("global_batch", "seq_len")
+
+
+def _csv_dataset(path: Path) -> dict[str, Any]:
+    """A CSV runs file as the YAML format's dict (one source entry per distinct `source`)."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    measurements = []
+    for i, raw in enumerate(rows):
+        row: dict[str, Any] = {k.strip(): v.strip() for k, v in raw.items() if k and v and v.strip()}
+        measured = {k: float(row.pop(k)) for k in ("tokens_per_s_per_gpu", "step_time_s") if k in row}
+        for k in CSV_INT_FIELDS:
+            if k in row:
+                try:
+                    row[k] = int(row[k])
+                except ValueError:
+                    raise SpecError(
+                        f"measurements[{i}].{k}", f"not an integer: {row[k]!r}", str(path)
+                    ) from None
+        for k in ("sequence_parallel", "megatron_only", "approximate"):
+            if k in row:
+                row[k] = row[k].lower() in ("1", "true", "yes")
+        row.setdefault("ref", f"{path.name} row {i + 2}")
+        measurements.append({**row, "measured": measured})
+    sources = {
+        str(m.get("source", "")): {"citation": str(path), "framework": "", "metric": ""} for m in measurements
+    }
+    return {"sources": sources, "models": {}, "measurements": measurements}
+
+
+def load_dataset(path: str | Path) -> Dataset:
+    """A runs file (YAML or CSV) as a validated `Dataset`; a bad row is a one-line `SpecError`."""
+    from service.spec.experiment import read_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("runs", "no such file", str(p))
+    data = _csv_dataset(p) if p.suffix.lower() == ".csv" else read_yaml(p)
+    ds = validate_as(Dataset, data, str(p))
+    for i, row in enumerate(ds.measurements):
+        try:
+            model_spec(ds, row.model)
+            if not row.megatron_only:
+                check = plan_problem(Plan(**row.plan_fields()), model_spec(ds, row.model), cluster_spec(row))
+                if check:
+                    raise SpecError(f"measurements[{i}].{check[0]}", f"{row.id}: {check[1]}", str(p))
+        except SpecError as err:
+            if err.field.startswith("measurements["):
+                raise
+            raise SpecError(f"measurements[{i}].{err.field}", f"{row.id}: {err.message}", str(p)) from None
+    return ds
+
+
+def load_runs(path: str | Path) -> list[MeasuredRun]:
+    """Every row of a runs file as a `MeasuredRun`."""
+    ds = load_dataset(path)
+    return [measured_run(ds, row) for row in ds.measurements]

@@ -1,0 +1,84 @@
+"""`python -m service calibrate RUNS.yaml [--out PARAMS.yaml] [--json]`: fit the cost model's parameters
+on measured runs, with the leave-one-source-out error per source and the fitted values with their bands.
+
+RUNS is a runs file (YAML in benchmarks/published/measurements.yaml's format, or CSV; see
+service/calibrate/runs.py). `--out` writes the fitted set; pass it to `estimate`/`plan` with `--params`.
+Imports neither torch, ray nor deepspeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("runs", help="Runs file: YAML (published-set format) or CSV.")
+    a("--out", default=None, help="Write the fitted parameter set here (YAML).")
+    a("--name", default=None, help="Name of the fitted set (default: the runs file's stem).")
+    a("--prior", default=None, help="Start from this parameter set (default: the analytical prior).")
+    a("--no-crossval", action="store_true", help="Fit only; skip leave-one-source-out (no intervals).")
+    a("--json", action="store_true", help="Print JSON instead of a report.")
+
+
+def _report(params: Any, cv: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "params": params.summary(),
+        "values": {k: b.model_dump() for k, b in params.values.items()},
+        "at_bounds": params.at_bounds(),
+        "domain": params.domain.model_dump(),
+    }
+    if cv is not None:
+        out["crossval"] = {
+            "method": "leave-one-source-out",
+            "mape": cv.mape,
+            "coverage_80": cv.coverage,
+            "per_source": {
+                s: {"n": v.n, "mape": v.mape, "bias_log": v.bias_log, "coverage_80": v.coverage}
+                for s, v in cv.per_source.items()
+            },
+        }
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"parameter set {report['params']['name']!r}, fit on {report['params']['fit_runs']} runs"]
+    lines.append(f"{'parameter':28s} {'value':>9s}  band")
+    for k, b in report["values"].items():
+        edge = f"  (at {report['at_bounds'][k]} bound)" if k in report["at_bounds"] else ""
+        lines.append(f"{k:28s} {b['value']:9.4g}  [{b['low']:g}, {b['high']:g}] {b['unit']}{edge}")
+    cv = report.get("crossval")
+    if cv:
+        lines.append(
+            f"\nleave-one-source-out: MAPE {cv['mape']:.1%}, 80 % interval coverage {cv['coverage_80']:.0%}"
+        )
+        for s, v in cv["per_source"].items():
+            lines.append(f"  {s:32s} n={v['n']:3d}  MAPE {v['mape']:6.1%}  coverage {v['coverage_80']:4.0%}")
+    lines.append(f"\ninterval: {report['params']['interval']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from service.calibrate import fit, load_runs
+    from service.calibrate.crossval import calibrate, domain_of
+    from service.spec.params import ModelParams, load_params, save_params
+
+    runs = load_runs(args.runs)
+    prior = load_params(args.prior) if args.prior else ModelParams()
+    name = args.name or Path(args.runs).stem
+    note = f"fit by `python -m service calibrate {args.runs}`"
+    if args.no_crossval or len({r.source for r in runs}) < 2:
+        params = fit(runs, prior, name=name).params
+        params = params.model_copy(update={"domain": domain_of(runs), "note": note})
+        cv = None
+    else:
+        params, cv = calibrate(runs, prior, name=name, note=note)
+    report = _report(params, cv)
+    if args.out:
+        report["written"] = str(save_params(params, args.out))
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
