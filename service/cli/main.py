@@ -26,6 +26,7 @@ COMMANDS = {
         "mlflow_server",
         "Serve MLflow (store + proxied artifacts) on 127.0.0.1 for drivers and the UI.",
     ),
+    "submit": ("submit", "Submit a `python -m service ...` command to a Ray cluster's job API and wait."),
     "profile": ("profile", "Time this device's kernels over a model's shapes; write a profile and catalog entry."),
 }
 

@@ -1,0 +1,162 @@
+"""Submits `python -m service ...` to a Ray cluster's job API, with what its driver needs to leave its
+results where the user can see them, and fails fast, in one line, on what would only fail later.
+
+A job runs in a temporary copy of the working dir on the head; anything it writes relative to the repo
+(`sqlite:///<repo>/mlflow.db`, `ray_results/`) vanishes with the cluster. So the job gets, through
+`runtime_env.env_vars`: `MLFLOW_TRACKING_URI` (an `http://` server such as `python -m service
+mlflow-server` on the head, or an absolute `sqlite:///` path on a shared file system) and, when set,
+`SERVICE_SEARCH_DIR` / `SERVICE_STORAGE_PATH` (shared storage for searches and checkpoints).
+
+Example:
+    >>> job = submit_job("http://127.0.0.1:8265", ["python", "-m", "service", "plan",
+    ...                  "experiments/llama2-13b-32xh100.yaml", "--json"])      # doctest: +SKIP
+    >>> wait_for_job(job).status                                                 # doctest: +SKIP
+    'SUCCEEDED'
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.spec.errors import SpecError
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "SERVICE_SEARCH_DIR", "SERVICE_STORAGE_PATH")
+# Local state that must not travel with the working dir (and would only be lost on the head).
+EXCLUDES = [".git", "mlflow.db", "mlartifacts", "mlruns", "ray_results", ".whl", "**/__pycache__",
+            ".mypy_cache", ".ruff_cache", ".pytest_cache", "benchmarks/results"]  # fmt: skip
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+@dataclass
+class Job:
+    """A submitted job: where, its id, and the client that talks to its cluster."""
+
+    address: str
+    job_id: str
+    client: Any = field(repr=False)
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    job_id: str
+    status: str
+    logs: str
+    wall_s: float
+
+    @property
+    def last_line(self) -> str:
+        """The job's last non-empty log line: for a failed `service` command, its one-line error."""
+        lines = [line for line in self.logs.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """One TCP connect to the job API; a `SpecError` naming the address when nothing answers."""
+    parsed = urllib.parse.urlparse(address if "://" in address else f"http://{address}")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise SpecError("--address", f"{address!r} is not a job API URL like {DEFAULT_ADDRESS}")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        reason = getattr(err, "strerror", None) or type(err).__name__
+        raise SpecError(
+            "--address",
+            f"no Ray job API at {address} ({reason}); is the cluster up, and is "
+            "`ray dashboard ray_cluster.yaml` (or kubectl port-forward) forwarding the port?",
+        ) from None
+
+
+def check_files(entrypoint: Sequence[str], working_dir: Path) -> None:
+    """Every YAML the command names exists (relative to the working dir, as the job will see it)."""
+    for arg in entrypoint:
+        if arg.endswith((".yaml", ".yml")):
+            path = Path(arg) if Path(arg).is_absolute() else working_dir / arg
+            if not path.is_file():
+                raise SpecError("entrypoint", f"{arg}: no such file (in {working_dir})")
+
+
+def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables forwarded to the job: FORWARDED_ENV from this environment, then `env`.
+
+    A relative sqlite URI would resolve inside the job's temporary working dir: refused.
+    """
+    out = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+    out.update(env or {})
+    uri = out.get("MLFLOW_TRACKING_URI", "")
+    if uri.startswith("sqlite:") and not uri.startswith("sqlite:////"):
+        raise SpecError(
+            "MLFLOW_TRACKING_URI",
+            f"{uri} is relative: the job would write it inside its temporary copy of the working dir; "
+            "give an absolute sqlite:////path or the http:// URL of `python -m service mlflow-server`",
+        )
+    return out
+
+
+def client_for(address: str, token: str | None = None) -> Any:
+    """Ray's `JobSubmissionClient`; with `token` it is sent as the bearer token (else Ray's own lookup:
+    RAY_AUTH_MODE=token with ~/.ray/auth_token or RAY_AUTH_TOKEN)."""
+    import logging
+
+    from ray.job_submission import JobSubmissionClient
+
+    logging.getLogger("ray").setLevel(logging.WARNING)  # not a line per file of the working dir
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    return JobSubmissionClient(address, headers=headers)
+
+
+def submit_job(
+    address: str,
+    entrypoint: Sequence[str],
+    *,
+    working_dir: str | Path = ".",
+    env: dict[str, str] | None = None,
+    token: str | None = None,
+) -> Job:
+    """Checks the address and the files the command names, then submits it with the working dir."""
+    if not entrypoint:
+        raise SpecError("entrypoint", "give the command after --, e.g. -- python -m service plan X.yaml")
+    root = Path(working_dir).resolve()
+    check_files(entrypoint, root)
+    env_vars = job_env(env)
+    check_reachable(address)
+    runtime_env = {"working_dir": str(root), "excludes": EXCLUDES, "env_vars": env_vars}
+    try:
+        client = client_for(address, token)
+        job_id = client.submit_job(entrypoint=shlex.join(entrypoint), runtime_env=runtime_env)
+    except Exception as err:  # Ray raises RuntimeError / requests errors with multi-line texts
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise SpecError("--address", f"the job API at {address} refused the job: {first}") from None
+    return Job(address, job_id, client)
+
+
+def wait_for_job(
+    job: Job,
+    timeout_s: float | None = None,
+    on_output: Callable[[str], None] | None = None,
+    poll_s: float = 1.0,
+) -> JobOutcome:
+    """Polls until the job ends (or `timeout_s` passes: then it is stopped); passes new log text on."""
+    started = time.monotonic()
+    shown = 0
+    while True:
+        status = str(job.client.get_job_status(job.job_id).value)
+        logs = job.client.get_job_logs(job.job_id)
+        if on_output and len(logs) > shown:
+            on_output(logs[shown:])
+            shown = len(logs)
+        if status in TERMINAL:
+            return JobOutcome(job.job_id, status, logs, time.monotonic() - started)
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            job.client.stop_job(job.job_id)
+            return JobOutcome(job.job_id, "TIMEOUT", logs, time.monotonic() - started)
+        time.sleep(poll_s)

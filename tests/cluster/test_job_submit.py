@@ -1,0 +1,119 @@
+"""`ray job submit` against a local token-auth cluster (`ray start --head` on 127.0.0.1, started and
+stopped here), through Ray's job SDK (`JobSubmissionClient`, via service/cluster/jobs.py):
+
+- `plan --json` runs as a job and its output comes back in the job's logs;
+- a tiny search runs as a job and its MLflow records land in the store named by MLFLOW_TRACKING_URI,
+  passed in `runtime_env.env_vars` (not in the job's temporary copy of the working dir, where they
+  would vanish with the cluster);
+- a missing experiment file fails in one line, before submission (the CLI) and inside the job;
+- an address where no cluster answers fails in one line, at once.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from local_cluster import LocalCluster, ray_head
+from manifest_checks import ROOT
+
+from service.cluster.jobs import EXCLUDES, Job, client_for, submit_job, wait_for_job
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    # 4 logical CPUs: a 2-worker trial holds 2, and the search keeps 1 for trial drivers.
+    with ray_head(num_cpus=4) as c:
+        yield c
+
+
+def _service_cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "service", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_plan_job_succeeds_and_its_output_is_in_the_logs(cluster: LocalCluster):
+    command = ["python", "-m", "service", "plan", "experiments/llama2-13b-32xh100.yaml", "--json"]
+    job = submit_job(cluster.dashboard_url, command, working_dir=ROOT, token=cluster.token)
+    outcome = wait_for_job(job, timeout_s=180)
+    assert outcome.status == "SUCCEEDED", outcome.logs[-2000:]
+    assert '"selected"' in outcome.logs and '"label": "dp32-' in outcome.logs
+    # The same job, seen by a fresh client of Ray's SDK.
+    info = client_for(cluster.dashboard_url, cluster.token).get_job_info(job.job_id)
+    assert info.status == "SUCCEEDED" and info.entrypoint.startswith("python -m service plan")
+
+
+def _tiny_search_files(tmp: Path) -> tuple[Path, Path]:
+    experiment = yaml.safe_load((ROOT / "experiments/tiny-cpu.yaml").read_text())
+    experiment["name"] = "tiny-cpu-job"
+    experiment["proxy"].update({"steps": 3, "warmup_steps": 1, "memory_limit_gib": 2})
+    experiment["tracking"] = {"experiment_name": "tiny-cpu-job"}  # no uri: it comes from the job's env
+    space = {"name": "one-plan", "params": {"zero_stage": [1], "offload_optimizer": [False], "tp": [1],
+             "micro_batch": [2], "grad_accum": [1], "recompute": ["none"]},
+             "search": {"steps": 3, "max_trials": 1, "trial_timeout_s": 240}}  # fmt: skip
+    (tmp / "experiment.yaml").write_text(yaml.safe_dump(experiment))
+    (tmp / "space.yaml").write_text(yaml.safe_dump(space))
+    return tmp / "experiment.yaml", tmp / "space.yaml"
+
+
+@pytest.mark.slow
+def test_search_job_records_land_in_the_users_mlflow_store(cluster: LocalCluster, tmp_path: Path):
+    from mlflow import MlflowClient
+
+    experiment, space = _tiny_search_files(tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # absolute: outside the job's working dir
+    env = {"MLFLOW_TRACKING_URI": store, "SERVICE_SEARCH_DIR": str(tmp_path / "searches")}
+    started = time.monotonic()
+    command = ["python", "-m", "service", "search", str(experiment), "--space", str(space), "--json"]
+    job = submit_job(cluster.dashboard_url, command, working_dir=ROOT, env=env, token=cluster.token)
+    outcome = wait_for_job(job, timeout_s=420)
+    assert outcome.status == "SUCCEEDED", outcome.logs[-3000:]
+    print(f"search job: {time.monotonic() - started:.0f} s")
+
+    client = MlflowClient(tracking_uri=store)
+    exp = client.get_experiment_by_name("tiny-cpu-job")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if "num_ok" in r.data.metrics)
+    assert parent.data.metrics["num_ok"] == 1 and parent.data.metrics["best_tokens_per_s"] > 0
+    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(trials) == 1 and any("tokens_per_s" in k for k in trials[0].data.metrics)
+    assert any((tmp_path / "searches").iterdir())  # Tune's search folder: where it was told, too
+    # Nothing was written into the job's temporary copy of the working dir.
+    assert not list(cluster.temp_dir.rglob("working_dir_files/**/mlflow.db"))
+
+
+@pytest.mark.slow
+def test_missing_experiment_fails_in_one_line(cluster: LocalCluster):
+    before = _service_cli(cluster.env, "submit", "--address", cluster.dashboard_url, "--",
+                          "python", "-m", "service", "plan", "experiments/missing.yaml")  # fmt: skip
+    assert before.returncode == 2, before.stderr
+    assert before.stderr.strip().splitlines() == [
+        f"error: entrypoint: experiments/missing.yaml: no such file (in {ROOT})"
+    ]
+    # Past the check (Ray's SDK directly), the job itself fails at once with the service's one line.
+    client = client_for(cluster.dashboard_url, cluster.token)
+    bad = client.submit_job(entrypoint="python -m service plan experiments/missing.yaml",
+                            runtime_env={"working_dir": str(ROOT), "excludes": EXCLUDES})  # fmt: skip
+    outcome = wait_for_job(Job(cluster.dashboard_url, bad, client), timeout_s=120)
+    assert outcome.status == "FAILED" and outcome.wall_s < 60, outcome.logs[-2000:]
+    assert outcome.last_line.startswith("error: ") and "missing.yaml" in outcome.last_line
+    assert "Traceback" not in outcome.logs
+
+
+def test_unreachable_cluster_fails_fast_in_one_line():
+    from service.tracking.server import free_port
+
+    started = time.monotonic()
+    proc = _service_cli(dict(os.environ), "submit", "--address", f"http://127.0.0.1:{free_port()}", "--",
+                        "python", "-m", "service", "plan", "experiments/llama2-13b-32xh100.yaml")  # fmt: skip
+    assert proc.returncode == 2 and time.monotonic() - started < 30
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --address: no Ray job API at http://127.0.0.1:")
