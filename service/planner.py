@@ -40,6 +40,7 @@ from service.spec import (
     load_experiment,
     plan_problem,
 )
+from service.spec.params import ModelParams, load_params
 from service.spec.plan import Precision
 
 
@@ -87,13 +88,15 @@ def rank_plans(
     budget: Budget,
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     precision: Precision = "bf16",
+    params: ModelParams | None = None,
 ) -> Ranking:
-    """Enumerates every valid plan, scores them all with `estimate_table`, and selects under `budget`."""
+    """Enumerates every valid plan, scores them all with `estimate_table` under `params` (None = the
+    shipped set), and selects under `budget`."""
     from service.costmodel import estimate_table
 
     enumeration = enumerate_plans(model, cluster, workload, max_micro_batch, precision)
     estimates = estimate_table(
-        model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom
+        model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom, params=params
     )
     return Ranking(enumeration, estimates, select_plan(enumeration.plans, estimates, budget))
 
@@ -135,6 +138,7 @@ class PlanResult:
             "plans_evaluated": self.plans_evaluated,
             "rejected_counts": self.rejected_counts,
             "elapsed_s": self.elapsed_s,
+            "params": self._ranking.estimates.params.summary(),
         }
 
     def why_not(self, plan: Plan) -> str:
@@ -216,6 +220,8 @@ class Planner:
         budget: replaces the experiment's budget (limits, objective, memory headroom).
         max_micro_batch: largest micro-batch tried; micro-batches are powers of two up to it.
         precision: compute precision of every plan (bf16 or fp16 mixed precision, or fp32).
+        params: the cost model's parameter set, a `ModelParams` or the path of its YAML file
+            (default: the shipped set, fit on the published runs; see `python -m service calibrate`).
 
     Example:
         >>> result = Planner("experiments/llama2-13b-32xh100.yaml", top_k=3).fit()  # doctest: +SKIP
@@ -230,6 +236,7 @@ class Planner:
         budget: Budget | None = None,
         max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
         precision: Precision = "bf16",
+        params: ModelParams | str | Path | None = None,
     ):
         spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
         if top_k < 0:
@@ -244,11 +251,18 @@ class Planner:
         self.top_k = top_k
         self.max_micro_batch = max_micro_batch
         self.precision: Precision = precision
+        self.params = params if isinstance(params, ModelParams) else load_params(params)
 
     def fit(self) -> PlanResult:
         spec, started = self.spec, time.perf_counter()
         ranking = rank_plans(
-            spec.model, spec.cluster, spec.workload, spec.budget, self.max_micro_batch, self.precision
+            spec.model,
+            spec.cluster,
+            spec.workload,
+            spec.budget,
+            self.max_micro_batch,
+            self.precision,
+            self.params,
         )
         sel, plans, est = ranking.selection, ranking.enumeration.plans, ranking.estimates
 
@@ -282,10 +296,15 @@ class Planner:
 
 
 def estimate_plan(
-    model: ModelSpec, cluster: ClusterSpec, plan: Plan, workload: Workload, memory_headroom: float = 0.10
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: Plan,
+    workload: Workload,
+    memory_headroom: float = 0.10,
+    params: ModelParams | None = None,
 ) -> Estimate:
     """The cost model's estimate for one plan, after checking it (`SpecError` naming the field)."""
     from service.costmodel import estimate
 
     check_plan(plan, model, cluster, workload)
-    return estimate(model, cluster, plan, workload, memory_headroom=memory_headroom)
+    return estimate(model, cluster, plan, workload, memory_headroom=memory_headroom, params=params)

@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--headroom", type=float, default=0.10, help="Fraction of GPU memory kept free (default 0.10).")
     a("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour (default: the GPU catalog's).")
+    a("--params", default=None, help="Cost-model parameter set (YAML; default: the shipped set).")
     a("--json", action="store_true", help="Print JSON instead of a table.")
 
 
@@ -148,9 +149,11 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from service.planner import estimate_plan
+    from service.spec.params import load_params
 
     model, cluster, plan, workload = build(args)
-    est = estimate_plan(model, cluster, plan, workload, memory_headroom=args.headroom)
+    params = load_params(args.params)
+    est = estimate_plan(model, cluster, plan, workload, memory_headroom=args.headroom, params=params)
     inputs = {
         "model": model.name,
         "gpu": cluster.gpu.name,
@@ -173,6 +176,7 @@ def render(est: Any, inputs: dict[str, Any]) -> str:
     from service.cli.plan import format_table, memory_lines
 
     times = est.time_breakdown_s.model_dump()
+    lo, hi = est.tokens_per_s_interval
     fits = "fits" if est.fits else "DOES NOT FIT"
     return "\n".join(
         [
@@ -185,8 +189,12 @@ def render(est: Any, inputs: dict[str, Any]) -> str:
             f"step time {est.step_time_s:.3f} s, by term after overlap (s):",
             format_table(list(times), [[f"{v:.3f}" for v in times.values()]], left=0),
             "",
-            f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
-            f"{est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, MFU {est.mfu:.1%}",
-            f"{inputs['tokens_to_train']:.3g} tokens: {est.hours:,.2f} h, ${est.dollars:,.0f}",
+            f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU; 80 % interval "
+            f"{lo:,.0f}-{hi:,.0f}), {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, MFU {est.mfu:.1%}",
+            f"{inputs['tokens_to_train']:.3g} tokens: {est.hours:,.2f} h ({est.hours_interval[0]:,.2f}-"
+            f"{est.hours_interval[1]:,.2f}), ${est.dollars:,.0f} (${est.dollars_interval[0]:,.0f}-"
+            f"${est.dollars_interval[1]:,.0f})",
+            f"parameter set {est.params['name']!r} (fit on {', '.join(est.params['fit_on']) or 'nothing'}); "
+            f"interval: {est.params['interval']}",
         ]
     )

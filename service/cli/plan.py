@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bf16",
         help="Compute precision (default bf16).",
     )
+    parser.add_argument("--params", default=None, help="Cost-model parameter set (YAML; default: shipped).")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +45,11 @@ def run(args: argparse.Namespace) -> int:
     if args.max_micro_batch < 1:
         raise SpecError("--max-micro-batch", f"must be 1 or more, got {args.max_micro_batch}")
     planner = Planner(
-        args.experiment, top_k=args.top, max_micro_batch=args.max_micro_batch, precision=args.precision
+        args.experiment,
+        top_k=args.top,
+        max_micro_batch=args.max_micro_batch,
+        precision=args.precision,
+        params=args.params,
     )
     result = planner.fit()
     if args.json:
@@ -87,6 +92,7 @@ def _plan_row(entry: Any) -> list[str]:
         f"{mem.total / GIB:.1f}",
         f"{est.step_time_s:.2f}",
         f"{est.tokens_per_s:,.0f}",
+        f"{est.tokens_per_s_interval[0]:,.0f}-{est.tokens_per_s_interval[1]:,.0f}",
         f"{est.tokens_per_s_per_gpu:,.0f}",
         f"{est.mfu:.1%}",
         f"{est.hours:,.2f}",
@@ -101,6 +107,7 @@ PLAN_HEADERS = [
     "mem GiB",
     "step s",
     "tokens/s",
+    "80 % interval",
     "tok/s/GPU",
     "MFU",
     "hours",
@@ -112,8 +119,13 @@ def _describe(entry: Any, title: str) -> list[str]:
     est = entry.estimate
     return [
         f"{title}: {entry.plan.short()}",
-        f"  {est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), MFU {est.mfu:.1%}, "
-        f"step {est.step_time_s:.2f} s, {est.hours:,.1f} h, ${est.dollars:,.0f}",
+        f"  {est.tokens_per_s:,.0f} tokens/s (80 % interval {est.tokens_per_s_interval[0]:,.0f}-"
+        f"{est.tokens_per_s_interval[1]:,.0f}; {est.tokens_per_s_per_gpu:,.0f} per GPU), MFU {est.mfu:.1%}, "
+        f"step {est.step_time_s:.2f} s",
+        f"  {est.hours:,.1f} h ({est.hours_interval[0]:,.1f}-{est.hours_interval[1]:,.1f}), "
+        f"${est.dollars:,.0f} (${est.dollars_interval[0]:,.0f}-${est.dollars_interval[1]:,.0f})",
+        f"  parameter set {est.params['name']!r}, fit on {len(est.params['fit_on'])} sources "
+        f"({est.params['fit_runs']} runs); interval: {est.params['interval']}",
         "  memory per GPU (GiB):",
         *(
             "    " + line
