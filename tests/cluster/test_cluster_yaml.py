@@ -131,5 +131,5 @@ def test_referenced_files_and_commands_exist():
     assert "deploy/aws/network.sh" in referenced_paths(TEXT)
     assert "search_spaces/llama2-13b-32xh100.yaml" in referenced_paths(TEXT)
     assert missing_paths(TEXT) == []
-    assert {"mlflow-server", "search"} <= set(service_commands(TEXT))
+    assert {"mlflow-server", "search", "submit"} <= set(service_commands(TEXT))
     assert unknown_commands(TEXT) == []
