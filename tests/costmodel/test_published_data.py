@@ -153,7 +153,7 @@ def _has_cost_model() -> bool:
 @pytest.mark.skipif(not _has_cost_model(), reason="service.costmodel.estimate is not written yet")
 def test_accuracy_script_runs_and_writes_results(ds, tmp_path, capsys):
     out = tmp_path / "throughput_accuracy.json"
-    assert ta.main(["--out", str(out), "--worst", "3"]) == 0
+    assert ta.main(["--out", str(out), "--worst", "3", "--quick"]) == 0
     payload = json.loads(out.read_text())
     rows = payload["rows"]
     assert len(rows) == len(ds.measurements)
