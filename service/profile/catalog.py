@@ -20,6 +20,15 @@ def _scalar(value: object) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
+def _base_note(profile: Profile, spec: GPUSpec) -> str:
+    """Where the unmeasured fields come from; a base entry that was itself profiled passes its own note
+    on rather than nesting one source inside another."""
+    marker = "; other fields from "
+    if marker in spec.source:
+        return spec.source.split(marker, 1)[1]
+    return f"catalog entry {profile.base_gpu} ({spec.source or 'no source given'})"
+
+
 def catalog_entry_yaml(
     profile: Profile, base: GPUSpec | None = None, comments: list[str] | None = None
 ) -> str:
@@ -30,8 +39,7 @@ def catalog_entry_yaml(
     source = (
         f"speed fields (# measured) by `python -m service profile` on {d.name}, {d.threads} "
         f"{'thread(s)' if d.kind == 'cpu' else 'SMs'}, {d.date[:10]}, torch {d.torch_version}, "
-        f"{profile.dtype} {profile.model} shapes, medians; other fields from catalog entry "
-        f"{profile.base_gpu} ({spec.source or 'no source given'})"
+        f"{profile.dtype} {profile.model} shapes, medians; other fields from {_base_note(profile, spec)}"
     )
     lines = [f"# {c}" for c in comments or []] + [f"source: {_scalar(source)}"]
     for field in GPUSpec.model_fields:
