@@ -32,6 +32,8 @@ _LAZY: dict[str, str] = {
     "PlanResult": "service.planner",
     "RankedPlan": "service.planner",
     "estimate_plan": "service.planner",
+    "Run": "service.run",
+    "RunResult": "service.run",
     "Search": "service.search",
     "SearchConfig": "service.search",
     "SearchResult": "service.search",

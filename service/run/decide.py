@@ -151,8 +151,8 @@ def sensitivity(
         )
         best = s.selection.selected
         values = s.objective(objective)
-        if best is None:
-            r = np.full(len(values), np.inf)
+        if best is None:  # no plan meets the budget here: nothing to prefer (a risk, reported)
+            r = np.zeros(len(values))
         else:
             r = regret(values, float(values[best]), objective)
             r = np.where(np.isin(s.selection.status, FEASIBLE), r, np.inf)
@@ -170,15 +170,12 @@ def sensitivity(
     note = "no plan meets the budget, so there is no choice to test"
     if nominal_row is not None:
         values = nominal.objective(objective)
-        near = feasible_nominal & (regret(values, float(values[nominal_row]), objective) <= ROBUST_TOLERANCE)
-        candidates = np.flatnonzero(near)
-        robust = int(candidates[np.argmin(worst[candidates])]) if len(candidates) else nominal_row
-        if worst[nominal_row] > ROBUST_TOLERANCE and worst[robust] < worst[nominal_row]:
-            chosen = robust
+        chosen = robust_choice(nominal_row, values, feasible_nominal, worst, objective)
+        if chosen != nominal_row:
             note = (
                 f"the nominal best, {labels.row(nominal_row).short()}, is up to "
                 f"{_pct(worst[nominal_row])} worse than a scenario's best; "
-                f"{labels.row(robust).short()} is never more than {_pct(worst[robust])} worse and within "
+                f"{labels.row(chosen).short()} is never more than {_pct(worst[chosen])} worse and within "
                 f"{ROBUST_TOLERANCE:.0%} of the nominal best, so it is chosen"
             )
         else:
@@ -186,6 +183,9 @@ def sensitivity(
                 f"the choice stays within {_pct(worst[nominal_row])} of every scenario's best plan "
                 f"(tolerance {ROBUST_TOLERANCE:.0%}): kept"
             )
+    broken = [s.name for s in scenarios if s.selected_label is None]
+    if broken:
+        note += "; no plan meets the budget under: " + ", ".join(broken)
     flips = [
         s.name
         for s in scenarios
@@ -201,6 +201,23 @@ def sensitivity(
         ),
         chosen,
     )
+
+
+def robust_choice(
+    nominal_row: int, values: np.ndarray, feasible: np.ndarray, worst: np.ndarray, objective: str
+) -> int:
+    """The nominal best, unless it is more than `ROBUST_TOLERANCE` off some scenario's best while a plan
+    within the tolerance of it nominally stays closer to every scenario's best (min-max regret).
+
+    `values`: the nominal objective (`Scored.objective`); `feasible`: meets the budget nominally;
+    `worst`: each plan's largest regret over the scenarios (inf where it misses a scenario's budget).
+    """
+    near = feasible & (regret(values, float(values[nominal_row]), objective) <= ROBUST_TOLERANCE)
+    candidates = np.flatnonzero(near)
+    if not len(candidates) or worst[nominal_row] <= ROBUST_TOLERANCE:
+        return nominal_row
+    robust = int(candidates[np.argmin(worst[candidates])])
+    return robust if worst[robust] < worst[nominal_row] else nominal_row
 
 
 def _pct(x: float) -> str:

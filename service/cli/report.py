@@ -1,0 +1,68 @@
+"""`python -m service report DIR_OR_RUN_ID [--out DIR]`
+
+Rebuilds the design memo (Markdown and HTML, charts included) of a finished `run` from its
+`result.json`: the run's folder, or its MLflow parent run id (the result is read from the run's
+artifacts in the tracking store that MLFLOW_TRACKING_URI or the default sqlite store names).
+Prints where the memo is. Exit 2 when neither a run folder nor a known run id is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from service.spec.errors import SpecError
+
+RESULT_FILE = "result.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="A run folder (holding result.json) or an MLflow parent run id.")
+    parser.add_argument("--out", metavar="DIR", help="Where to write the memo (default: the run folder).")
+
+
+def _from_mlflow(run_id: str) -> Path:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from service.spec.tracking import TrackingSpec
+    from service.tracking.uri import resolve
+
+    uri = resolve(TrackingSpec(), "default").uri
+    try:
+        MlflowClient(uri).get_run(run_id)
+    except Exception as err:
+        raise SpecError("source", f"{run_id} is neither a run folder nor a run in {uri}: {err}") from None
+    folder = Path(tempfile.mkdtemp(prefix="report-"))
+    mlflow.artifacts.download_artifacts(
+        run_id=run_id, artifact_path=f"run/{RESULT_FILE}", dst_path=str(folder), tracking_uri=uri
+    )
+    return folder / "run" / RESULT_FILE
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.report import write_memo
+    from service.run.result import RunResult
+
+    source = Path(args.source)
+    if source.is_dir():
+        path = source / RESULT_FILE
+        if not path.is_file():
+            raise SpecError("source", f"{source} holds no {RESULT_FILE}: is it a run folder?")
+        out = Path(args.out or source)
+    elif source.is_file():
+        path, out = source, Path(args.out or source.parent)
+    else:
+        path = _from_mlflow(args.source)
+        out = Path(args.out or Path.cwd() / f"report-{args.source}")
+    try:
+        result = RunResult.load(path)
+    except ValueError as err:
+        raise SpecError("source", f"{path} is not a run result: {str(err).splitlines()[0]}") from None
+    if result.mlflow_run_id is None and not source.exists():
+        result = result.model_copy(update={"mlflow_run_id": args.source})
+    out.mkdir(parents=True, exist_ok=True)
+    paths = write_memo(result, out)
+    print(f"memo: {paths['html']} (and {paths['markdown']})")
+    return 0

@@ -1,0 +1,128 @@
+"""Selection as `run` does it (goodput included, across GPU types, ±20 % sensitivity): fast, no Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from service.catalog import load_model
+from service.run.decide import best_cluster, robust_choice, score, sensitivity
+from service.run.goodput import checkpoint_bytes, goodput_record, wall_hours
+from service.spec import Budget, ClusterSpec, Workload, load_experiment
+from service.spec.params import ModelParams
+from service.spec.production import LLAMA3_RATE_PER_GPU_HOUR, GoodputSpec
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENT = REPO / "experiments" / "llama2-13b-32xh100.yaml"
+PARAMS = ModelParams()  # the analytical prior: these tests are about selection, not the fit
+WORKLOAD = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
+
+
+def _score(budget: Budget, cluster: ClusterSpec | None = None, model: str = "llama2-13b"):
+    spec = load_experiment(EXPERIMENT)
+    return score(load_model(model), cluster or spec.cluster, WORKLOAD, budget, PARAMS, GoodputSpec())
+
+
+def test_budget_too_small_for_any_plan_says_what_binds(tmp_path: Path) -> None:
+    from service.run.pipeline import Run
+
+    data = yaml.safe_load(EXPERIMENT.read_text())
+    data["budget"]["max_dollars"] = 20
+    data["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "buffer_dir": str(tmp_path / "pending")}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = Run(path, params=PARAMS, storage_path=tmp_path / "out", run_proxies=False).fit()
+    assert result.selected_plan is None and result.predicted == {}
+    assert result.binding_constraint == "max_dollars"
+    assert "no plan meets the budget" in result.message and "$20" in result.message
+    memo = Path(result.memo_paths["markdown"]).read_text()
+    assert "No plan meets the budget" in memo
+    assert result.ds_config_path is None and result.launch_command is None
+
+
+def test_deadline_forces_a_costlier_plan() -> None:
+    """On one cluster dollars follow hours, so the cheapest plan is also the fastest; across GPU types
+    a deadline can rule out the cheap, slow cluster and force the dearer, faster one."""
+    h100 = load_experiment(EXPERIMENT).cluster
+    a100 = ClusterSpec(gpu="a100-sxm-80gb", num_nodes=4, gpus_per_node=8, price_per_gpu_hour_usd=1.0)
+    free = [_score(Budget(objective="cost"), c) for c in (h100, a100)]
+    assert best_cluster(free, "cost") == 1  # the cheap A100s win without a deadline
+    rows = [s.selection.selected for s in free]
+    assert rows[0] is not None and rows[1] is not None
+    hours = [float(s.est.hours[r]) for s, r in zip(free, rows, strict=True)]
+    assert hours[0] < hours[1]
+    deadline = (hours[0] + hours[1]) / 2
+    tight = [_score(Budget(objective="cost", max_hours=deadline), c) for c in (h100, a100)]
+    assert best_cluster(tight, "cost") == 0
+    chosen = tight[0].selection.selected
+    assert chosen is not None and tight[0].est.hours[chosen] <= deadline
+    assert tight[0].est.dollars[chosen] > free[1].est.dollars[rows[1]]
+    assert tight[1].selection.selected is None and tight[1].selection.binding == "max_hours"
+
+
+def test_goodput_is_included_in_hours_and_dollars() -> None:
+    s = _score(Budget(objective="cost"))
+    row = s.selection.selected
+    assert row is not None
+    assert s.est.hours[row] > s.hours_no_failures[row]  # interruptions, checkpoints, restarts cost time
+    ratio = s.est.dollars[row] / s.est.hours[row]
+    assert ratio == pytest.approx(32 * 3.0)  # dollars follow the wall-clock hours at $3/GPU-hour
+
+
+def test_young_daly_interval_and_lost_work() -> None:
+    model = load_model("llama2-13b")
+    ckpt = checkpoint_bytes(model, "bf16")
+    assert ckpt == pytest.approx(14 * model.num_params)
+    spec = GoodputSpec(storage_bandwidth_gb_per_s=2.0, restart_minutes=10)
+    g = goodput_record(1000.0, 1024, ckpt, spec)
+    mtbf = 1 / (LLAMA3_RATE_PER_GPU_HOUR * 1024)
+    c = ckpt / 2e9 / 3600
+    assert g.mtbf_hours == pytest.approx(mtbf)
+    assert g.young_daly_interval_hours == pytest.approx(np.sqrt(2 * c * mtbf))
+    expected = 1000 * (
+        1 + c / g.checkpoint_interval_hours + (g.checkpoint_interval_hours / 2 + 10 / 60 + c) / mtbf
+    )
+    assert 1000 / g.goodput == pytest.approx(expected)
+    assert g.expected_interruptions > 10  # 1,024 GPUs for ~1,000 h at Llama 3's rate
+    no_failures = GoodputSpec(interruptions_per_gpu_hour=0.0)
+    assert wall_hours(np.array([5.0]), 32, ckpt, no_failures)[0] == 5.0
+
+
+def test_price_change_flips_the_gpu_type() -> None:
+    budget = Budget(objective="cost", max_hours=24)
+    h100 = load_experiment(EXPERIMENT).cluster
+    a100 = ClusterSpec(gpu="a100-sxm-80gb", num_nodes=4, gpus_per_node=8, price_per_gpu_hour_usd=1.0)
+    assert best_cluster([_score(budget, h100), _score(budget, a100)], "cost") == 1
+    dear = a100.model_copy(update={"price_per_gpu_hour_usd": 4.0})
+    assert best_cluster([_score(budget, h100), _score(budget, dear)], "cost") == 0
+
+
+def test_sensitivity_reports_a_flip() -> None:
+    """70B on 8 H100s: with 20 % less GPU efficiency another layout is best; the flip is reported, and
+    every flip names a scenario whose best plan differs from the choice."""
+    model = load_model("llama2-70b")
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1, gpus_per_node=8)
+    budget = Budget(objective="cost")
+    s = score(model, cluster, WORKLOAD, budget, PARAMS, GoodputSpec())
+    sens, chosen = sensitivity(s, model, WORKLOAD, budget, PARAMS, GoodputSpec())
+    assert chosen is not None and sens.chosen_label == s.plans.row(chosen).short()
+    assert "GPU efficiency −20 %" in sens.flips
+    for sc in sens.scenarios:
+        assert (sc.name in sens.flips) == (sc.selected_label != sens.chosen_label)
+    assert len(sens.scenarios) == 6
+
+
+def test_robust_choice_prefers_a_plan_that_stays_good() -> None:
+    """Plan 0 is nominally best but 30 % off in some scenario; plan 1 is 3 % dearer and never more than
+    4 % off: plan 1 is chosen. Plan 2 is never off but 10 % dearer: outside the tolerance."""
+    values = np.array([100.0, 103.0, 110.0])  # dollars
+    feasible = np.array([True, True, True])
+    worst = np.array([0.30, 0.04, 0.0])
+    assert robust_choice(0, values, feasible, worst, "cost") == 1
+    assert robust_choice(0, values, feasible, np.array([0.04, 0.0, 0.0]), "cost") == 0  # within tolerance
+    assert robust_choice(0, values, np.array([True, False, True]), worst, "cost") == 0  # 1 misses budget
+    tokens = -np.array([1000.0, 980.0, 500.0])  # throughput objective: values are −tokens/s
+    assert robust_choice(0, tokens, feasible, worst, "throughput") == 1
