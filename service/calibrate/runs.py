@@ -278,8 +278,8 @@ def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
     return run.model_copy(update={"plan": Plan.model_construct(**fields)}) if row.megatron_only else run
 
 
-CSV_INT_FIELDS = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum")
-CSV_INT_FIELDS += ("global_batch", "seq_len")
+CSV_INT_FIELDS: tuple[str, ...] = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "zero_stage")
+CSV_INT_FIELDS += ("micro_batch", "grad_accum", "global_batch", "seq_len")
 
 
 def _csv_dataset(path: Path) -> dict[str, Any]:
@@ -296,7 +296,7 @@ def _csv_dataset(path: Path) -> dict[str, Any]:
                     row[k] = int(row[k])
                 except ValueError:
                     raise SpecError(
-                        f"measurements[{i}].{k}", f"not an integer: {row[k]!r}", str(path)
+                        f"measurements.{i}.{k}", f"not an integer: {row[k]!r}", str(path)
                     ) from None
         for k in ("sequence_parallel", "megatron_only", "approximate"):
             if k in row:
@@ -324,11 +324,11 @@ def load_dataset(path: str | Path) -> Dataset:
             if not row.megatron_only:
                 check = plan_problem(Plan(**row.plan_fields()), model_spec(ds, row.model), cluster_spec(row))
                 if check:
-                    raise SpecError(f"measurements[{i}].{check[0]}", f"{row.id}: {check[1]}", str(p))
+                    raise SpecError(f"measurements.{i}.{check[0]}", f"{row.id}: {check[1]}", str(p))
         except SpecError as err:
-            if err.field.startswith("measurements["):
+            if err.field.startswith("measurements."):
                 raise
-            raise SpecError(f"measurements[{i}].{err.field}", f"{row.id}: {err.message}", str(p)) from None
+            raise SpecError(f"measurements.{i}.{err.field}", f"{row.id}: {err.message}", str(p)) from None
     return ds
 
 

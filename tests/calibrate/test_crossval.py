@@ -1,0 +1,61 @@
+"""Leave-one-source-out scores each source with parameters fit without it; intervals come from
+out-of-sample residuals, narrow as runs are added, and widen outside the fitted domain."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.calibrate.crossval import calibrate, leave_one_source_out, weighted_quantile
+from service.spec.params import Domain, ModelParams, Residuals, interval_bounds
+from tests.calibrate.conftest import synthetic_runs
+
+NAMES = ("gemm_efficiency_scale", "step_overhead_s", "inter_node_bus_efficiency")
+
+
+def _width(params: ModelParams) -> float:
+    return params.residuals.q90 - params.residuals.q10
+
+
+def test_held_out_sources_are_predicted_by_folds_that_never_saw_them(truth):
+    runs = synthetic_runs(truth, per_source=6, noise=0.03)
+    cv = leave_one_source_out(runs, ModelParams(), NAMES)
+    assert set(cv.per_source) == {"source0", "source1", "source2"}
+    for source, score in cv.per_source.items():
+        assert source not in score.params.fit_on and score.params.fit_runs == 12
+        assert score.n == 6 and score.mape < 0.1
+    assert set(cv.log_residuals) == {r.id for r in runs}
+    assert 0.0 <= cv.coverage <= 1.0
+
+
+def test_intervals_narrow_as_runs_are_added(truth):
+    few, _ = calibrate(synthetic_runs(truth, per_source=2, noise=0.05, seed=1), ModelParams(), NAMES)
+    many, _ = calibrate(synthetic_runs(truth, per_source=10, noise=0.05, seed=1), ModelParams(), NAMES)
+    assert few.residuals.n == 6 and many.residuals.n == 30
+    assert _width(many) < _width(few)
+    assert many.domain.max_gpus == 128 and "h100-sxm-80gb" in many.domain.gpu_types
+
+
+def test_interval_widens_outside_the_fitted_domain():
+    params = ModelParams(
+        residuals=Residuals(n=50, q10=-0.1, q90=0.1),
+        domain=Domain(max_gpus=64, max_seq_len=4096, gpu_types=["h100-sxm-80gb"]),
+    )
+    inside = interval_bounds(1000.0, params, 64, 4096, "h100-sxm-80gb")
+    more_gpus = interval_bounds(1000.0, params, 256, 4096, "h100-sxm-80gb")  # two doublings beyond
+    other_gpu = interval_bounds(1000.0, params, 64, 4096, "a100-sxm-80gb")
+    assert inside[0] == pytest.approx(1000 * np.exp(-0.1)) and inside[1] == pytest.approx(1000 * np.exp(0.1))
+    assert more_gpus[1] == pytest.approx(1000 * np.exp(0.1 * (1 + 2 * params.widen_per_doubling)))
+    assert other_gpu[1] == pytest.approx(1000 * np.exp(0.1 * (1 + params.widen_unseen_gpu)))
+    # No residuals (the uncalibrated prior): the interval is the point, not a made-up band.
+    assert interval_bounds(1000.0, ModelParams(), 64, 4096, "h100-sxm-80gb") == (1000.0, 1000.0)
+
+
+def test_weighted_quantile_gives_each_source_equal_weight():
+    values = np.array([0.0] * 9 + [1.0])
+    equal = np.ones(10)
+    by_source = np.array([1 / 9] * 9 + [1.0])  # nine runs of one source, one of another
+    # Equal weights: the 90th percentile sits halfway to the one outlier; by source, it is the outlier's
+    # half of the weight, so the percentile moves up to it.
+    assert weighted_quantile(values, equal, 0.9) == pytest.approx(0.5)
+    assert weighted_quantile(values, by_source, 0.9) == pytest.approx(1.0)

@@ -1,0 +1,112 @@
+"""Runs files (YAML, CSV) load into measured runs; bad rows are one line naming the row and field;
+`calibrate`, and `estimate --params`, work from the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.calibrate import load_runs
+from service.cli.main import main
+from service.spec import SpecError
+from service.spec.params import load_params
+
+ROOT = Path(__file__).resolve().parents[2]
+CSV_HEADER = "id,source,model,gpu,num_gpus,gpus_per_node,dp,tp,pp,zero_stage,micro_batch,grad_accum,"
+CSV_HEADER += "global_batch,seq_len,recompute,tokens_per_s_per_gpu\n"
+
+
+def _csv(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "runs.csv"
+    path.write_text(CSV_HEADER + "\n".join(rows) + "\n")
+    return path
+
+
+def _row(i: int, source: str, gpus: int, tps: float, dp: int | None = None, mb: int = 2) -> str:
+    dp = gpus if dp is None else dp
+    return f"r{i},{source},llama2-7b,h100-sxm-80gb,{gpus},8,{dp},1,1,3,{mb},1,{dp * mb},4096,selective,{tps}"
+
+
+def test_published_set_loads_every_row():
+    runs = load_runs(ROOT / "benchmarks" / "published" / "measurements.yaml")
+    assert len(runs) == 113 and all(r.tokens_per_s_per_gpu and r.tokens_per_s_per_gpu > 0 for r in runs)
+    assert any(r.plan.tp > 1 and r.plan.pp > 1 for r in runs)  # Megatron 3D layouts kept as they ran
+
+
+def test_csv_runs_file(tmp_path):
+    runs = load_runs(_csv(tmp_path, [_row(0, "mine", 8, 5000.0), _row(1, "mine", 16, 4800.0)]))
+    assert [r.cluster.num_gpus for r in runs] == [8, 16] and runs[1].plan.dp == 16
+    assert runs[0].tokens_per_s_per_gpu == 5000.0 and runs[0].model.name == "llama2-7b"
+
+
+@pytest.mark.parametrize(
+    ("row", "needles"),
+    [
+        (_row(0, "mine", 8, 5000.0, dp=4), ["measurements.0", "dp·tp·pp = 4 but num_gpus = 8"]),
+        (_row(0, "mine", 8, -1.0), ["measurements.0.measured.tokens_per_s_per_gpu"]),
+        (_row(0, "mine", 8, 5000.0).replace(",4096,", ",4k,"), ["measurements.0.seq_len", "not an integer"]),
+        (
+            _row(0, "mine", 8, 5000.0).replace("llama2-7b", "llama9"),
+            ["measurements.0.model", "unknown model"],
+        ),
+    ],
+)
+def test_bad_rows_are_one_line_naming_row_and_field(tmp_path, row, needles):
+    path = _csv(tmp_path, [row])
+    with pytest.raises(SpecError) as err:
+        load_runs(path)
+    text = str(err.value)
+    assert "\n" not in text and str(path) in text
+    for needle in needles:
+        assert needle in text, (needle, text)
+
+
+def test_bad_yaml_row_names_the_row(tmp_path):
+    data = yaml.safe_load((ROOT / "benchmarks" / "published" / "measurements.yaml").read_text())
+    data["measurements"] = data["measurements"][:3]
+    data["measurements"][2]["recompute"] = "sometimes"
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match=r"measurements\.2\.recompute"):
+        load_runs(path)
+
+
+def test_calibrate_cli_fits_cross_validates_and_writes_a_set_estimate_uses(tmp_path, capsys):
+    rows = [
+        _row(i, f"lab{i % 2}", g, t)
+        for i, (g, t) in enumerate([(8, 4100), (16, 3900), (32, 3800), (64, 3500)])
+    ]
+    out = tmp_path / "mine.yaml"
+    assert main(["calibrate", str(_csv(tmp_path, rows)), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)  # one JSON document
+    assert set(report["crossval"]["per_source"]) == {"lab0", "lab1"}
+    assert report["params"]["fit_runs"] == 4 and report["written"] == str(out)
+    params = load_params(out)
+    assert params.name == "runs" and params.has_interval and params.domain.max_gpus == 64
+
+    args = ["estimate", "--model", "llama2-7b", "--gpu", "h100-sxm-80gb", "--gpus", "32", "--zero", "3"]
+    args += ["--micro-batch", "2", "--recompute", "selective", "--json", "--params", str(out)]
+    assert main(args) == 0
+    est = json.loads(capsys.readouterr().out)
+    low, high = est["tokens_per_s_interval"]
+    assert low <= est["tokens_per_s"] <= high and low < high
+    assert est["params"]["name"] == "runs" and est["params"]["fit_on"] == ["lab0", "lab1"]
+    # Measured ~3,800 tokens/s per GPU at 32 GPUs; calibrated on these runs the estimate is near it.
+    assert est["tokens_per_s_per_gpu"] == pytest.approx(3800, rel=0.15)
+
+
+def test_calibrate_cli_bad_file_is_one_line(tmp_path, capsys):
+    assert main(["calibrate", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "no such file" in err
+
+
+def test_shipped_set_says_what_it_was_fit_on():
+    params = load_params()
+    assert params.name == "published-set" and params.fit_runs == 113 and params.has_interval
+    assert "benchmarks/published/measurements.yaml" in params.note
+    for name, band in params.values.items():
+        assert band.low <= band.value <= band.high, name
