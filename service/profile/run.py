@@ -13,10 +13,11 @@ import os
 import platform
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from service.profile import kernels
 from service.profile.derive import derive_overrides
-from service.profile.record import DeviceInfo, GemmResult, Profile
+from service.profile.record import AttentionResult, CollectiveResult, DeviceInfo, GemmResult, Profile
 from service.profile.timing import Deadline, Timer
 from service.spec.errors import SpecError
 from service.spec.model import ModelSpec
@@ -176,28 +177,11 @@ def run_profile(
     if device == "cpu" and cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        timer, budget = Timer(device), Deadline(budget_s)
-        gemm = _gemms(timer, cfg, model, budget.split(SHARES["gemm"]))
-        gemm += _squares(timer, cfg, budget.split(SHARES["square"]))
-        attention = _attention(timer, cfg, model, budget.split(SHARES["attention"]))
-        bw_s = budget.split(SHARES["bandwidth"]).left_s() / 2
-        bandwidth = [
-            kernels.bandwidth(timer, op, cfg.bandwidth_elements, cfg.dtype, bw_s) for op in ("copy", "add")
-        ]
-        launch = kernels.launch(timer, LAUNCH_OPS, budget.split(SHARES["launch"]).left_s())
-        # Host-side on every device: what an offloaded optimizer runs on.
-        adam = kernels.adam(cfg.adam_params, budget.split(SHARES["adam"]).left_s())
-        collectives = []
-        if device == "cpu" and cfg.collective_workers > 1:
-            from service.profile.collectives import gloo_all_reduce
-
-            collectives = gloo_all_reduce(cfg.collective_workers, max(budget.left_s(), 1.0))
+        m = _measure(Timer(device), cfg, model, Deadline(budget_s))
         info = _device_info(device)
     finally:
         torch.set_num_threads(threads_before)
-    overrides, fit = derive_overrides(
-        device, cfg.dtype, base, model.head_dim, gemm, attention, bandwidth, launch, adam, collectives
-    )
+    overrides, fit = derive_overrides(device, cfg.dtype, base, model.head_dim, **m)
     notes = [
         f"medians of repeated timings; 1-min load average {load_before} before, {_load_average()} after "
         f"on {os.cpu_count()} CPUs (a shared machine slows every figure)",
@@ -212,24 +196,48 @@ def run_profile(
         budget_s=budget_s,
         wall_s=time.perf_counter() - started,
         base_gpu=base.name,
-        gemm=gemm,
-        attention=attention,
-        bandwidth=bandwidth,
-        launch=launch,
-        adam=adam,
-        collectives=collectives,
+        **m,
         overrides=overrides,
         fit=fit,
         notes=notes,
     )
 
 
-def _attention(timer: Timer, cfg: ProfileConfig, model: ModelSpec, deadline: Deadline) -> list:
+def _measure(timer: Timer, cfg: ProfileConfig, model: ModelSpec, budget: Deadline) -> dict[str, Any]:
+    """Every section in turn, each within its share of what is left of `budget`."""
+    gemm = _gemms(timer, cfg, model, budget.split(SHARES["gemm"]))
+    gemm += _squares(timer, cfg, budget.split(SHARES["square"]))
+    attention = _attention(timer, cfg, model, budget.split(SHARES["attention"]))
+    bw_s = budget.split(SHARES["bandwidth"]).left_s() / 2
+    bandwidth = [
+        kernels.bandwidth(timer, op, cfg.bandwidth_elements, cfg.dtype, bw_s) for op in ("copy", "add")
+    ]
+    launch = kernels.launch(timer, LAUNCH_OPS, budget.split(SHARES["launch"]).left_s())
+    # Host-side on every device: what an offloaded optimizer runs on.
+    adam = kernels.adam(cfg.adam_params, budget.split(SHARES["adam"]).left_s())
+    collectives: list[CollectiveResult] = []
+    if timer.device == "cpu" and cfg.collective_workers > 1:
+        from service.profile.collectives import gloo_all_reduce
+
+        collectives = gloo_all_reduce(cfg.collective_workers, max(budget.left_s(), 1.0))
+    return {
+        "gemm": gemm,
+        "attention": attention,
+        "bandwidth": bandwidth,
+        "launch": launch,
+        "adam": adam,
+        "collectives": collectives,
+    }
+
+
+def _attention(
+    timer: Timer, cfg: ProfileConfig, model: ModelSpec, deadline: Deadline
+) -> list[AttentionResult]:
     """Causal SDPA at each sequence length for the model's head size, then other head sizes (64, 128),
     keeping the model's width: heads = hidden / head_dim, batch = attention_tokens / seq_len."""
     head_dims = [model.head_dim] + [d for d in (64, 128) if d != model.head_dim]
     configs = [(s, d) for d in head_dims for s in cfg.seq_lens]
-    out = []
+    out: list[AttentionResult] = []
     for i, (s, d) in enumerate(configs):
         if deadline.left_s() <= 0:
             break
