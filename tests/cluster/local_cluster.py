@@ -66,11 +66,14 @@ def _wait_dashboard(url: str, token: str, proc: subprocess.Popen[bytes], log: Pa
 
 @contextmanager
 def ray_head(
-    num_cpus: int, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+    num_cpus: int,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Iterator[LocalCluster]:
     temp_dir = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths are limited
     token = secrets.token_hex(32)
-    port, dash = free_port(), free_port()
+    port, dash = port or free_port(), free_port()
     ports = {name: str(free_port()) for name in ("ray-client-server-port", "dashboard-agent-listen-port",
              "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
              "node-manager-port", "object-manager-port")}  # fmt: skip
