@@ -20,6 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--name", default=None, help="Name of the fitted set (default: the runs file's stem).")
     a("--prior", default=None, help="Start from this parameter set (default: the analytical prior).")
     a("--no-crossval", action="store_true", help="Fit only; skip leave-one-source-out (no intervals).")
+    a(
+        "--fit",
+        default=None,
+        help="Comma-separated parameters to fit (default: every time parameter but the collective "
+        "latency scale; 'all' for every time parameter).",
+    )
     a("--json", action="store_true", help="Print JSON instead of a report.")
 
 
@@ -60,6 +66,23 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _names(text: str | None) -> tuple[str, ...]:
+    from service.spec import SpecError
+    from service.spec.params import PUBLISHED_FIT_PARAMS, TIME_PARAMS, default_bands
+
+    if text is None:
+        return PUBLISHED_FIT_PARAMS
+    if text == "all":
+        return TIME_PARAMS
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in default_bands()]
+    if unknown or not names:
+        raise SpecError(
+            "--fit", f"unknown parameter(s) {unknown}; allowed: all, {', '.join(default_bands())}"
+        )
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -69,14 +92,15 @@ def run(args: argparse.Namespace) -> int:
 
     runs = load_runs(args.runs)
     prior = load_params(args.prior) if args.prior else ModelParams()
+    names = _names(args.fit)
     name = args.name or Path(args.runs).stem
     note = f"fit by `python -m service calibrate {args.runs}`"
     if args.no_crossval or len({r.source for r in runs}) < 2:
-        params = fit(runs, prior, name=name).params
+        params = fit(runs, prior, names, name=name).params
         params = params.model_copy(update={"domain": domain_of(runs), "note": note})
         cv = None
     else:
-        params, cv = calibrate(runs, prior, name=name, note=note)
+        params, cv = calibrate(runs, prior, names, name=name, note=note)
     report = _report(params, cv)
     if args.out:
         report["written"] = str(save_params(params, args.out))
