@@ -80,6 +80,15 @@ DRIVER = textwrap.dedent(
     ray.init(log_to_driver=False)  # the job's cluster
     alive = lambda: sum(1 for n in ray.nodes() if n["Alive"])
     counts = [(0.0, alive())]
+
+    from service.cluster.capacity import capacity, max_concurrent_trials
+    from service.spec.errors import SpecError
+    gpu = capacity("GPU")
+    sizing = {"now": gpu.now, "most": gpu.most, "trials_of_2": max_concurrent_trials(2, "cuda")}
+    try:
+        max_concurrent_trials(8, "cuda")
+    except SpecError as err:
+        sizing["refused"] = str(err)
     start = time.monotonic()
 
     @ray.remote(num_gpus=2, num_cpus=0)
@@ -98,7 +107,7 @@ DRIVER = textwrap.dedent(
     while alive() > 1 and time.monotonic() - start < up + 180:
         time.sleep(2)
         counts.append((time.monotonic() - start, alive()))
-    print(json.dumps({"results": results, "counts": counts, "up_s": up}))
+    print(json.dumps({"results": results, "counts": counts, "up_s": up, "sizing": sizing}))
     """
 )
 
@@ -113,7 +122,9 @@ def test_gpu_work_adds_nodes_and_idle_nodes_go(tmp_path: Path):
         job_dir.mkdir()
         (job_dir / "driver.py").write_text(DRIVER)
         # Submitted as a job, as users run things here: its driver runs on the head.
-        job = submit_job(c.dashboard_url, ["python", "driver.py"], working_dir=job_dir, token=c.token)
+        env = {"SERVICE_AUTOSCALING_CONFIG": str(config)}  # `ray up` leaves ~/ray_bootstrap_config.yaml
+        command = ["python", "driver.py"]
+        job = submit_job(c.dashboard_url, command, working_dir=job_dir, env=env, token=c.token)
         outcome = wait_for_job(job, timeout_s=420)
     assert outcome.status == "SUCCEEDED", outcome.logs[-3000:]
     out = json.loads(next(line for line in reversed(outcome.logs.splitlines()) if line.startswith("{")))
@@ -125,3 +136,7 @@ def test_gpu_work_adds_nodes_and_idle_nodes_go(tmp_path: Path):
     assert sorted(i for i, _, _ in results) == [0, 1]  # no result lost
     assert len({node for _, node, _ in results}) == 2  # the bundles ran on two different nodes
     assert all(len(cvd.split(",")) == 2 for _, _, cvd in results)  # Ray gave each task its 2 GPU ids
+    # Sizing a search from what the autoscaler can add, not from the (zero) GPUs present at the start.
+    sizing = out["sizing"]
+    assert sizing["now"] == 0 and sizing["most"] == 4 and sizing["trials_of_2"] == 2
+    assert "needs 8 GPUs but the Ray cluster offers at most 4 with autoscaling, 0 now" in sizing["refused"]

@@ -133,3 +133,12 @@ def test_referenced_files_and_commands_exist():
     assert missing_paths(TEXT) == []
     assert {"mlflow-server", "search", "submit"} <= set(service_commands(TEXT))
     assert unknown_commands(TEXT) == []
+
+
+def test_most_gpus_the_autoscaler_can_bring_up():
+    from service.cluster.capacity import most_from_config
+
+    # 4 × 8 + 4 × 1 GPU workers within max_workers 8; the head has none.
+    assert most_from_config(CONFIG, "GPU") == 36
+    capped = {**CONFIG, "max_workers": 5}
+    assert most_from_config(capped, "GPU") == 33  # the largest nodes first: 4 × 8 + 1
