@@ -24,13 +24,19 @@ COMMANDS = {
     "search": ("search", "Search plans on proxies with Ray Tune, pruned by the model, recorded to MLflow."),
     "run": ("run", "The main job: plan, validate on proxies, calibrate, select, write the memo and configs."),
     "report": ("report", "Rebuild a finished run's design memo from its folder or MLflow run id."),
-    "calibrate": ("calibrate", "Fit the cost model's parameters on measured runs; error per held-out source."),
+    "calibrate": (
+        "calibrate",
+        "Fit the cost model's parameters on measured runs; error per held-out source.",
+    ),
     "mlflow-server": (
         "mlflow_server",
         "Serve MLflow (store + proxied artifacts) on 127.0.0.1 for drivers and the UI.",
     ),
     "submit": ("submit", "Submit a `python -m service ...` command to a Ray cluster's job API and wait."),
-    "profile": ("profile", "Time this device's kernels over a model's shapes; write a profile and catalog entry."),
+    "profile": (
+        "profile",
+        "Time this device's kernels over a model's shapes; write a profile and catalog entry.",
+    ),
 }
 
 
