@@ -34,10 +34,6 @@ STATE_FILE = "search_state.json"
 RESULTS_ENV = "SERVICE_SEARCH_DIR"  # where searches are kept when no storage_path is given
 
 
-def _trial_name(trial: Any) -> str:
-    return str(trial.trial_id)
-
-
 @contextmanager
 def _env(**values: str) -> Any:
     """Sets environment variables the user has not set, for the duration of the block."""
@@ -54,24 +50,6 @@ def driver_cpus(world_size: int) -> int:
     """Logical CPUs of a local Ray for a search: one beyond the machine's (or the trial's world size, if
     larger) for the trial drivers, which hold 0.01 CPU each while their workers hold one CPU each."""
     return max(os.cpu_count() or 1, world_size) + 1
-
-
-def max_concurrent_trials(world_size: int, device: str) -> int:
-    """Trials that fit side by side: GPUs (cuda) or CPUs (cpu, one kept for drivers) ÷ world size."""
-    import ray
-
-    resources = ray.cluster_resources()
-    unit = "GPU" if device == "cuda" else "CPU"
-    have = resources.get(unit, 0.0) - (0.0 if device == "cuda" else 1.0)
-    fit = int(have // world_size)
-    if fit < 1:
-        extra = "" if device == "cuda" else " (+1 kept for trial drivers)"
-        offered = resources.get(unit, 0.0)
-        raise SpecError(
-            "proxy.num_workers",
-            f"a trial needs {world_size} {unit}s{extra} but the Ray cluster offers {offered:g}",
-        )
-    return fit
 
 
 class Search:
@@ -257,9 +235,24 @@ class Search:
         return min(self.max_trials or len(pr.candidates), len(pr.candidates))
 
     def _tuner(self, pr: PruneResult) -> Any:
-        from service.search.tuning import build_tuner
+        from service.search.tuning import TunerSettings, build_tuner
 
-        return build_tuner(self, pr)
+        settings = TunerSettings(
+            experiment=self.experiment,
+            space=self.space,
+            name=self.name,
+            storage_path=self.storage_path,
+            target=self.target,
+            algorithm=self.algorithm,
+            steps=self.steps,
+            trial_timeout_s=self.trial_timeout_s,
+            seed=self.seed,
+            patience=self.patience,
+            planned_trials=self._planned_trials(pr),
+            progress=self.progress,
+            restored=self._restored,
+        )
+        return build_tuner(settings, pr)
 
     def _run_info(self, pr: PruneResult) -> dict[str, Any]:
         return {

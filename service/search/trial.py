@@ -39,6 +39,7 @@ class TrialSetup:
     runs_path: str  # storage_path of the TorchTrainer runs
     steps: int | None
     timeout_s: float
+    stall: dict[str, Any] | None = None  # test hook: {"plan": key, "step", "seconds"} (see tuning.STALL_ENV)
 
 
 class TrialHang(RuntimeError):
@@ -125,6 +126,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
             storage_path=setup.runs_path,
             steps=setup.steps,
             callbacks=[report_callback()],
+            stall=_stall_for(setup, config["plan"]),
         )
     except Exception as err:  # e.g. a plan the trainer refuses: the trial's result, not a crash
         from service.train.run import classify_failure
@@ -142,6 +144,13 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / OUTCOME_FILE).write_text(json.dumps({"status": status, "reason": reason}))
     ray.tune.report({"trial_status": status, "trial_reason": reason, "done": 1.0})
+
+
+def _stall_for(setup: TrialSetup, plan_key: str) -> dict[str, float] | None:
+    """The worker stall of the test hook when it names this trial's plan (every rank stalls)."""
+    if not setup.stall or setup.stall.get("plan") != plan_key:
+        return None
+    return {"rank": -1.0, "step": float(setup.stall["step"]), "seconds": float(setup.stall["seconds"])}
 
 
 def _earlier_outcome(run_dir: Path, steps: int) -> tuple[str, str, dict[str, float]] | None:

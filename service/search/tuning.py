@@ -1,23 +1,80 @@
 """Assembles the Ray Tune `Tuner` of a search: trainable, searcher, ASHA, stops, callbacks, concurrency.
 
-Kept apart from `Search` so the one place that talks to Tune's configuration objects is short.
+Kept apart from `Search` so the one place that talks to Tune's configuration objects is short. It
+takes a `TunerSettings` record, not the `Search` itself: this module reads nothing of the driver's
+(no import of `service.search.driver`, no private state).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from service.search.prune import PruneResult
+from service.search.space import SearchSpace
 from service.search.trial import TrialSetup, run_trial
-
-if TYPE_CHECKING:
-    from service.search.driver import Search
+from service.spec.errors import SpecError
+from service.spec.experiment import ExperimentSpec
+from service.tracking.uri import TrackingTarget
 
 LAUNCH_ORDER_FILE = "launch_order.txt"
+# Test hook: JSON {"plan": key, "step": K, "seconds": S} in this variable, read when the Tuner is built,
+# makes every worker of that plan's trial sleep S seconds before step K, so a test can act (kill the
+# driver) while that trial is known to be at step K. A restored search builds its trainable afresh
+# and so stalls only if the variable is set again.
+STALL_ENV = "SERVICE_TEST_STALL_TRIAL"
 _DRIVER_RESOURCES = {"CPU": 0.01}  # a trial's driver only waits on its TorchTrainer (Tune refuses 0)
 
 
-def trainable(search: Search, pr: PruneResult) -> Any:
+@dataclass(frozen=True)
+class TunerSettings:
+    """What the Tuner of one search is built from (the `Search` driver fills it in)."""
+
+    experiment: ExperimentSpec
+    space: SearchSpace
+    name: str  # the search's folder name under storage_path, and its MLflow run name
+    storage_path: Path
+    target: TrackingTarget
+    algorithm: str
+    steps: int
+    trial_timeout_s: float
+    seed: int
+    patience: int | None
+    planned_trials: int
+    progress: bool
+    restored: bool
+
+    @property
+    def path(self) -> Path:
+        return self.storage_path / self.name
+
+
+def trial_name(trial: Any) -> str:
+    return str(trial.trial_id)
+
+
+def max_concurrent_trials(world_size: int, device: str) -> int:
+    """Trials that fit side by side: GPUs (cuda) or CPUs (cpu, one kept for drivers) ÷ world size."""
+    import ray
+
+    resources = ray.cluster_resources()
+    unit = "GPU" if device == "cuda" else "CPU"
+    have = resources.get(unit, 0.0) - (0.0 if device == "cuda" else 1.0)
+    fit = int(have // world_size)
+    if fit < 1:
+        extra = "" if device == "cuda" else " (+1 kept for trial drivers)"
+        offered = resources.get(unit, 0.0)
+        raise SpecError(
+            "proxy.num_workers",
+            f"a trial needs {world_size} {unit}s{extra} but the Ray cluster offers {offered:g}",
+        )
+    return fit
+
+
+def trainable(search: TunerSettings, pr: PruneResult) -> Any:
     """`run_trial` with the search's shared setup, asking Tune for a sliver of CPU per trial driver."""
     from ray import tune
 
@@ -27,11 +84,12 @@ def trainable(search: Search, pr: PruneResult) -> Any:
         runs_path=str(search.path / "proxy_runs"),
         steps=search.steps,
         timeout_s=search.trial_timeout_s,
+        stall=json.loads(os.environ[STALL_ENV]) if os.environ.get(STALL_ENV) else None,
     )
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), _DRIVER_RESOURCES)
 
 
-def callbacks(search: Search, pr: PruneResult, stop: Any) -> list[Any]:
+def callbacks(search: TunerSettings, pr: PruneResult, stop: Any) -> list[Any]:
     from service.search.progress import ProgressBar
     from service.search.recording import TrialRecorder
     from service.search.stopping import PlacementGroupSweeper
@@ -44,22 +102,19 @@ def callbacks(search: Search, pr: PruneResult, stop: Any) -> list[Any]:
     ]
     if search.progress:
         made.append(
-            ProgressBar(
-                search._planned_trials(pr), len(pr.pruned), search.space.metric, search.space.direction
-            )
+            ProgressBar(search.planned_trials, len(pr.pruned), search.space.metric, search.space.direction)
         )
     return made
 
 
-def build_tuner(search: Search, pr: PruneResult) -> Any:
+def build_tuner(search: TunerSettings, pr: PruneResult) -> Any:
     """A new Tuner, or the saved one when the search was restored (Tune keeps its state and callbacks)."""
     from ray import tune
 
-    from service.search.driver import _trial_name, max_concurrent_trials
     from service.search.searcher import PlanSearcher
     from service.search.stopping import NoImprovementStop, asha
 
-    if search._restored and tune.Tuner.can_restore(str(search.path)):
+    if search.restored and tune.Tuner.can_restore(str(search.path)):
         return tune.Tuner.restore(str(search.path), trainable(search, pr), resume_unfinished=True)
     space = search.space
     varied = space.params.varied()
@@ -79,12 +134,12 @@ def build_tuner(search: Search, pr: PruneResult) -> Any:
     tune_config = tune.TuneConfig(
         search_alg=searcher,
         scheduler=scheduler,
-        num_samples=search._planned_trials(pr),
+        num_samples=search.planned_trials,
         max_concurrent_trials=max_concurrent_trials(
             search.experiment.proxy.num_workers, search.experiment.proxy.device
         ),
-        trial_name_creator=_trial_name,
-        trial_dirname_creator=_trial_name,
+        trial_name_creator=trial_name,
+        trial_dirname_creator=trial_name,
         reuse_actors=False,
     )
     run_config = tune.RunConfig(

@@ -65,7 +65,7 @@ def test_restore_errors_are_one_line(tmp_path: Path) -> None:
 def test_concurrency_is_capped_by_resources_and_world_size(monkeypatch) -> None:
     import ray
 
-    from service.search.driver import max_concurrent_trials
+    from service.search.tuning import max_concurrent_trials
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 9.0, "GPU": 16.0})
     assert max_concurrent_trials(2, "cpu") == 4  # one CPU is kept for the trial drivers
