@@ -222,7 +222,7 @@ def proxies(r: RunResult) -> list[Block]:
         )
     c = r.calibration
     fitted = ", ".join(
-        f"{k}: {c['before'][k]:.3g} → {c['after'][k]:.3g}"
+        f"{k}: {c['before'][k]:.4f} → {c['after'][k]:.4f}"
         for k in c.get("fitted", [])
         if k in c.get("before", {})
     )

@@ -107,9 +107,14 @@ def calibrate(
     try:
         runs = measured_runs(exp, trials, source)
     except ImportError as err:
-        return prior, {"status": f"not calibrated: {err}", "fitted": [], "runs": 0}
+        return prior, {"status": f"not calibrated: {err}", "fitted": [], "runs": 0, "prior": prior.summary()}
     if not runs:
-        return prior, {"status": "not calibrated: no proxy ran all its steps", "fitted": [], "runs": 0}
+        return prior, {
+            "status": "not calibrated: no proxy ran all its steps",
+            "fitted": [],
+            "runs": 0,
+            "prior": prior.summary(),
+        }
     names: tuple[str, ...] = MEMORY_PARAMS + (TIME_PARAMS if on_production_gpu else ())
     params = _fit(runs, prior, names)
     before = {n: prior[n] for n in names}
@@ -127,6 +132,7 @@ def calibrate(
             "measured there says nothing about the production GPU"
         ),
         "params": params.summary(),
+        "prior": prior.summary(),
         "at_bounds": {k: v for k, v in params.at_bounds().items() if k in names},
     }
     return params, info

@@ -4,6 +4,7 @@ command, the memo, `result.json`, and the MLflow parent run."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from service.plans.select import GIB
@@ -11,7 +12,8 @@ from service.run.decide import Scored
 from service.run.outputs import (
     dump_json,
     launch_command,
-    log_to_mlflow,
+    log_outputs,
+    open_parent_run,
     production_ds_config,
     write_launch_script,
 )
@@ -91,7 +93,8 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
             "what": f"GPU figures ({spec.cluster.gpu.name})",
             "source": spec.cluster.gpu.source or "GPU catalog",
         },
-        {"what": "cost-model parameter set", "source": str(params or "analytical prior")},
+        {"what": "time terms (parameter set)", "source": _summary(result.calibration.get("prior"))},
+        {"what": "memory terms", "source": _summary(params) if params else "analytical prior"},
         {
             "what": "price per GPU-hour",
             "source": f"${spec.cluster.price_usd_per_gpu_hour:g} (the experiment)",
@@ -114,6 +117,14 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
     ]
 
 
+def _summary(s: dict[str, Any] | None) -> str:
+    if not s:
+        return "analytical prior"
+    fit_on = ", ".join(s.get("fit_on") or []) or "nothing (analytical prior)"
+    runs = s.get("fit_runs", 0)
+    return f"{s.get('name')} v{s.get('version')}, fit on {fit_on} ({runs} runs); {s.get('interval')}"
+
+
 def finish(
     result: RunResult,
     spec: ExperimentSpec,
@@ -124,10 +135,7 @@ def finish(
 ) -> RunResult:
     from service.report import write_memo
 
-    out = result.out_dir
-    from pathlib import Path
-
-    folder = Path(out)
+    folder = Path(result.out_dir)
     updates: dict[str, Any] = {}
     if chosen is not None:
         plan: Plan = main.plans.row(chosen)
@@ -138,18 +146,13 @@ def finish(
         updates.update(ds_config=ds, ds_config_path=str(ds_path), launch_command=command)
     result = result.model_copy(update=updates)
     result = result.model_copy(update={"risks": risks(result), "assumptions": assumptions(result, spec)})
-    memo = write_memo(result, folder)
-    result = result.model_copy(
-        update={"memo_paths": {k: str(v) for k, v in memo.items() if k in ("markdown", "html")}}
-    )
     key = f"search:{search_name}" if search_name else f"run:{spec.name}:{int(started)}"
-    files = [folder / "ds_config.json", folder / "launch.sh", *memo.values()]
+    tracker, run_id, uri = open_parent_run(spec, key, search_name or f"run-{spec.name}")
+    result = result.model_copy(update={"mlflow_run_id": run_id, "tracking_uri": uri})
+    memo = write_memo(result, folder)
+    paths = {k: str(v) for k, v in memo.items() if k in ("markdown", "html")}
+    result = result.model_copy(update={"memo_paths": paths, "wall_s": time.time() - started})
     result.save(folder / RESULT_FILE)
-    run_id, uri = log_to_mlflow(
-        spec, key, search_name or f"run-{spec.name}", result.to_json(), [*files, folder / RESULT_FILE]
-    )
-    result = result.model_copy(
-        update={"mlflow_run_id": run_id, "tracking_uri": uri, "wall_s": time.time() - started}
-    )
-    result.save(folder / RESULT_FILE)
+    files = [folder / "ds_config.json", folder / "launch.sh", *memo.values(), folder / RESULT_FILE]
+    log_outputs(tracker, key, result.to_json(), files)
     return result

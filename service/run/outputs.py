@@ -63,22 +63,27 @@ def write_launch_script(path: Path, command: str, plan: Plan, cluster: ClusterSp
     return path
 
 
-def log_to_mlflow(
-    experiment: ExperimentSpec, parent_key: str, run_name: str, result: dict[str, Any], files: list[Path]
-) -> tuple[str | None, str]:
-    """Writes the run's decision onto the parent run `parent_key` (the proxy search's, whose trials are
-    its children; created when no search ran): tags for the selected plan, metrics for the prediction,
-    memo, configs, plots and result as artifacts. Returns (run id, tracking URI)."""
+def open_parent_run(experiment: ExperimentSpec, key: str, run_name: str) -> tuple[Any, str | None, str]:
+    """(tracker, run id, tracking URI) of the parent run `key`: the proxy search's, whose trials are its
+    children, reopened; or a new run when no search ran. The id is None while the store is down (the
+    records wait in the tracker's local buffer)."""
     from service.tracking.tracker import tracker_for
     from service.tracking.uri import resolve
 
     target = resolve(experiment.tracking, experiment.name)
     tracker = tracker_for(target)
-    tracker.start_run(parent_key, run_name, tags={"service.kind": "run"})
+    tracker.start_run(key, run_name, tags={"service.kind": "run"})
+    return tracker, tracker.run_id(key), target.uri
+
+
+def log_outputs(tracker: Any, key: str, result: dict[str, Any], files: list[Path]) -> None:
+    """Tags for the selected plan, metrics for the prediction (with its interval), memo, configs,
+    plots and result as artifacts; then closes the parent run."""
     predicted = result.get("predicted", {})
-    metrics = {f"predicted_{k}": v["value"] for k, v in predicted.items() if isinstance(v, dict)}
+    metrics: dict[str, float] = {}
     for k, v in predicted.items():
         if isinstance(v, dict):
+            metrics[f"predicted_{k}"] = v["value"]
             metrics[f"predicted_{k}_low"], metrics[f"predicted_{k}_high"] = v["interval"]
     plan = result.get("selected_plan") or {}
     tags = {
@@ -86,13 +91,11 @@ def log_to_mlflow(
         "run.message": str(result.get("message", ""))[:4000],
         **{f"run.selected.{k}": v for k, v in plan.items()},
     }
-    tracker.log_batch(parent_key, metrics=metrics, tags=tags)
+    tracker.log_batch(key, metrics=metrics, tags=tags)
     for f in files:
         if f.is_file():
-            folder = "run/plots" if f.suffix == ".png" else "run"
-            tracker.log_artifact(parent_key, f, folder)
-    tracker.end_run(parent_key, "FINISHED")
-    return tracker.run_id(parent_key), target.uri
+            tracker.log_artifact(key, f, "run/charts" if f.suffix == ".png" else "run")
+    tracker.end_run(key, "FINISHED")
 
 
 def dump_json(path: Path, data: Any) -> Path:

@@ -280,4 +280,3 @@ def _alternatives(spec: ExperimentSpec, scored: list[Scored], win: int | None) -
             )
         )
     return out
-
