@@ -19,7 +19,7 @@ import numpy as np
 
 from service.calibrate.fit import fit, predict_runs
 from service.calibrate.runs import MeasuredRun
-from service.spec.params import TIME_PARAMS, Domain, ModelParams, Residuals, interval_bounds
+from service.spec.params import PUBLISHED_FIT_PARAMS, Domain, ModelParams, Residuals, interval_bounds
 
 METHOD = (
     "leave-one-source-out log residuals log(measured/predicted), source-weighted 10th/90th percentiles; "
@@ -97,7 +97,7 @@ class CrossValidation:
 
 
 def leave_one_source_out(
-    runs: Sequence[MeasuredRun], prior: ModelParams | None = None, names: Sequence[str] = TIME_PARAMS
+    runs: Sequence[MeasuredRun], prior: ModelParams | None = None, names: Sequence[str] = PUBLISHED_FIT_PARAMS
 ) -> CrossValidation:
     """Fits once per source without it and scores that source; then builds each held-out source's
     intervals from the other sources' out-of-sample residuals (see the module docstring)."""
@@ -149,7 +149,7 @@ def leave_one_source_out(
 def calibrate(
     runs: Sequence[MeasuredRun],
     prior: ModelParams | None = None,
-    names: Sequence[str] = TIME_PARAMS,
+    names: Sequence[str] = PUBLISHED_FIT_PARAMS,
     name: str = "fitted",
     note: str = "",
 ) -> tuple[ModelParams, CrossValidation]:

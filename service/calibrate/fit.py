@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.calibrate.runs import MeasuredRun
-from service.spec.params import MEMORY_PARAMS, TIME_PARAMS, ModelParams
+from service.spec.params import MEMORY_PARAMS, PUBLISHED_FIT_PARAMS, ModelParams
 
 # Pull towards the prior, per band width: a parameter moved across its whole band costs as much as
 # one source predicted e^PRIOR_WEIGHT-fold off; small enough that data decides, large enough that an
@@ -90,7 +90,7 @@ class Calibration:
 def fit(
     runs: Sequence[MeasuredRun],
     prior: ModelParams | None = None,
-    names: Sequence[str] = TIME_PARAMS,
+    names: Sequence[str] = PUBLISHED_FIT_PARAMS,
     name: str = "fitted",
     max_evaluations: int = 400,
 ) -> Calibration:
