@@ -14,6 +14,7 @@ value, no interval data): the cost model then answers exactly as its cited formu
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -231,14 +232,23 @@ def interval_bounds(
 
 
 def load_params(path: str | Path | None = None) -> ModelParams:
-    """A parameter set from a YAML file; None = the shipped default (service/catalog/params/default.yaml)."""
+    """A parameter set from a YAML file; None = the shipped default (service/catalog/params/default.yaml),
+    read once per process (the planner scores hundreds of thousands of plans a second on it)."""
+    if path is None:
+        return _shipped_params()
+    return _read_params(Path(path))
+
+
+def _read_params(p: Path) -> ModelParams:
     from service.spec.errors import validate_as
     from service.spec.experiment import read_yaml
 
-    p = Path(path) if path is not None else DEFAULT_PARAMS_PATH
-    if path is None and not p.is_file():
-        return ModelParams()
     return validate_as(ModelParams, read_yaml(p), str(p))
+
+
+@cache
+def _shipped_params() -> ModelParams:
+    return _read_params(DEFAULT_PARAMS_PATH) if DEFAULT_PARAMS_PATH.is_file() else ModelParams()
 
 
 def save_params(params: ModelParams, path: str | Path) -> Path:
