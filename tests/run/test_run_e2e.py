@@ -1,0 +1,96 @@
+"""`run` end to end on tiny-cpu (real Ray Tune proxies, DeepSpeed workers, MLflow), killed once and
+restarted; then `report` rebuilds its memo and `run --json --no-proxies` prints one JSON document."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from service.train.run import read_log
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
+    r = tiny_run.result
+    assert r.selected_plan is not None and r.selected_label
+    for key in ("tokens_per_s", "hours", "dollars", "memory_per_gpu_bytes"):
+        v = r.predicted[key]
+        assert v["interval"][0] <= v["value"] <= v["interval"][1]
+    ok = [p for p in r.proxies if p.status == "ok"]
+    assert len(r.proxies) == 2 and ok, [(p.proxy_label, p.status, p.reason) for p in r.proxies]
+    assert r.calibration["status"] == "calibrated" and r.calibration["fitted"] == ["activation_memory_scale"]
+    err = r.proxy_validation_error["activation_bytes_per_rank"]
+    assert err["calibrated"] is not None and err["calibrated"] < 0.10
+    ds = json.loads(Path(r.ds_config_path).read_text())
+    plan = r.selected_plan
+    assert ds["train_micro_batch_size_per_gpu"] == plan["micro_batch"]
+    assert ds["gradient_accumulation_steps"] == plan["grad_accum"]
+    assert ds["zero_optimization"]["stage"] == plan["zero_stage"]
+    assert r.ds_config_path in r.launch_command and r.launch_command.startswith("deepspeed ")
+    for path in r.memo_paths.values():
+        assert Path(path).is_file()
+    saved = json.loads((tiny_run.out / "result.json").read_text())
+    assert saved["selected_label"] == r.selected_label and saved["mlflow_run_id"] == r.mlflow_run_id
+
+
+def test_killed_run_restarted_reruns_no_finished_trial(tiny_run) -> None:
+    assert tiny_run.killed_after, "the run was killed before any proxy trial finished"
+    for outcome in tiny_run.killed_after:
+        assert outcome.stat().st_mtime == tiny_run.mtimes[str(outcome)]  # not written again
+        records, restarts = read_log(outcome.parent)
+        assert restarts == 0 and records  # its workers started once, in the killed run
+    trial_ids = {p.parent.name.removeprefix("trial-") for p in tiny_run.killed_after}
+    assert trial_ids <= {p.trial_id for p in tiny_run.result.proxies}
+    assert len(list(tiny_run.out.glob("search/*/search_state.json"))) == 1  # one search, continued
+
+
+def test_mlflow_parent_run_has_trials_memo_and_selected_plan(tiny_run) -> None:
+    r = tiny_run.result
+    client = MlflowClient(tiny_run.uri)
+    parent = client.get_run(r.mlflow_run_id)
+    assert parent.data.tags["run.selected_plan"] == r.selected_label
+    assert parent.data.metrics["predicted_tokens_per_s"] == pytest.approx(
+        r.predicted["tokens_per_s"]["value"]
+    )
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    child_ids = {c.info.run_id for c in children}
+    assert {p.mlflow_run_id for p in r.proxies} <= child_ids
+    names = {a.path for a in client.list_artifacts(r.mlflow_run_id, "run")}
+    assert {"run/memo.md", "run/memo.html", "run/ds_config.json", "run/result.json"} <= names
+
+
+def test_report_rebuilds_the_memo_from_the_folder(tiny_run, tmp_path: Path) -> None:
+    out = tmp_path / "rebuilt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "report", str(tiny_run.out), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    original = Path(tiny_run.result.memo_paths["markdown"]).read_text()
+    assert (out / "memo.md").read_text() == original
+    assert (out / "memo.html").is_file()
+
+
+def test_run_json_is_one_document_with_the_contract_keys(tiny_run, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "run", str(tiny_run.experiment), "--json", "--no-proxies",
+         "--out", str(tmp_path / "plan-only")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    for key in ("selected_plan", "predicted", "proxy_validation_error", "memo_paths", "ds_config_path",
+                "launch_command", "mlflow_run_id"):  # fmt: skip
+        assert key in doc
+    for key in ("tokens_per_s", "hours", "dollars", "memory_per_gpu_bytes"):
+        assert len(doc["predicted"][key]["interval"]) == 2
+    assert doc["proxies"] == [] and doc["calibration"]["status"].startswith("not calibrated")
