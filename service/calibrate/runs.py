@@ -336,3 +336,21 @@ def load_runs(path: str | Path) -> list[MeasuredRun]:
     """Every row of a runs file as a `MeasuredRun`."""
     ds = load_dataset(path)
     return [measured_run(ds, row) for row in ds.measurements]
+
+
+def with_profiles(runs: list[MeasuredRun], profile_paths: list[str | Path]) -> list[MeasuredRun]:
+    """`runs` with each GPU that a profile measured (`python -m service profile`, its `base_gpu`) replaced
+    by the profiled spec, so a fit on them captures the framework, not the catalog's error about the
+    kernels. Runs on other GPU types are unchanged."""
+    from service.profile import load_profile
+
+    specs = {}
+    for path in profile_paths:
+        profile = load_profile(path)
+        specs[profile.base_gpu] = profile.gpu_spec()
+    return [
+        r.model_copy(update={"cluster": r.cluster.model_copy(update={"gpu": specs[r.cluster.gpu.name]})})
+        if r.cluster.gpu.name in specs
+        else r
+        for r in runs
+    ]

@@ -19,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--out", default=None, help="Write the fitted parameter set here (YAML).")
     a("--name", default=None, help="Name of the fitted set (default: the runs file's stem).")
     a("--prior", default=None, help="Start from this parameter set (default: the analytical prior).")
+    a(
+        "--profile",
+        action="append",
+        default=[],
+        help="GPU operator profile (python -m service profile); runs on its GPU type use the profiled spec.",
+    )
     a("--no-crossval", action="store_true", help="Fit only; skip leave-one-source-out (no intervals).")
     a(
         "--fit",
@@ -88,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     from service.calibrate import fit, load_runs
     from service.calibrate.crossval import calibrate, domain_of
+    from service.calibrate.runs import with_profiles
     from service.spec.params import ModelParams, load_params, save_params
 
-    runs = load_runs(args.runs)
+    runs = with_profiles(load_runs(args.runs), args.profile)
     prior = load_params(args.prior) if args.prior else ModelParams()
     names = _names(args.fit)
     name = args.name or Path(args.runs).stem

@@ -32,7 +32,7 @@ def _row(i: int, source: str, gpus: int, tps: float, dp: int | None = None, mb: 
 
 def test_published_set_loads_every_row():
     runs = load_runs(ROOT / "benchmarks" / "published" / "measurements.yaml")
-    assert len(runs) == 113 and all(r.tokens_per_s_per_gpu and r.tokens_per_s_per_gpu > 0 for r in runs)
+    assert len(runs) == 128 and all(r.tokens_per_s_per_gpu and r.tokens_per_s_per_gpu > 0 for r in runs)
     assert any(r.plan.tp > 1 and r.plan.pp > 1 for r in runs)  # Megatron 3D layouts kept as they ran
 
 
@@ -110,3 +110,24 @@ def test_shipped_set_says_what_it_was_fit_on():
     assert "benchmarks/published/measurements.yaml" in params.note
     for name, band in params.values.items():
         assert band.low <= band.value <= band.high, name
+
+
+def test_a_profile_replaces_the_catalog_spec_of_its_gpu_type_only(tmp_path):
+    from service.calibrate.runs import with_profiles
+    from service.profile import load_profile
+
+    profile_path = ROOT / "benchmarks" / "results" / "cpu_profile" / "run1.yaml"
+    profile = load_profile(profile_path)
+    runs = load_runs(_csv(tmp_path, [_row(0, "mine", 8, 5000.0)]))
+    cpu_run = runs[0].model_copy(
+        update={"cluster": runs[0].cluster.model_copy(update={"gpu": _catalog("cpu")})}
+    )
+    out = with_profiles([runs[0], cpu_run], [profile_path])
+    assert out[0] == runs[0]  # an H100 run: no profile for it
+    assert out[1].cluster.gpu == profile.gpu_spec() and out[1].cluster.gpu.name == "cpu"
+
+
+def _catalog(name: str):
+    from service.catalog import load_gpu
+
+    return load_gpu(name)
