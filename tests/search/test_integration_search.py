@@ -112,6 +112,7 @@ def test_mlflow_parent_and_child_runs(tiny_search) -> None:
 
     pruned = [r for r in runs if r.data.tags.get("trial_status") == "pruned"]
     assert len(pruned) == 4 and all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in pruned)
+    assert {r.info.status for r in pruned} == {"FINISHED"}  # not a crash: never launched
     oom_pruned = next(r for r in pruned if r.data.tags["prune_kind"] == "predicted_oom")
     assert "predicted not to fit" in oom_pruned.data.tags["trial_reason"]
     assert oom_pruned.data.params["plan.micro_batch"] == "8192"
@@ -121,6 +122,8 @@ def test_result_table_and_json(tiny_search) -> None:
     result = tiny_search.result
     df = result.get_dataframe()
     assert list(df["status"]) == ["oom", "ok"] and "measured_tokens_per_s" in df.columns
+    assert result.get_best_result("tokens_per_s", "max") is result.best
+    assert [t.trial_id for t in result.ranking] == [result.best.trial_id]  # the oom trial is not ranked
     data = json.loads(json.dumps(result.to_dict()))
     assert data["best"]["plan"]["micro_batch"] == 2 and data["mlflow_run_id"] == result.mlflow_run_id
     assert {t["status"] for t in data["trials"]} == {"ok", "oom"} and len(data["pruned"]) == 4
