@@ -152,3 +152,22 @@ def test_python_space_errors_name_the_problem() -> None:
         SearchSpace(params={"tp": [1]}, algorithm="grid", search={"algorithm": "bayes"})
     with pytest.raises(ValidationError, match=r"'grid', 'random' or 'bayes'"):
         SearchSpace(params={"tp": [1]}, algorithm="anneal")
+
+
+def test_space_fields_are_exactly_the_plan_fields_a_proxy_varies() -> None:
+    """`ParamSpace` and `PartialPlan` restate `Plan`'s fields (typed, for the YAML schema and mypy): every
+    `Plan` field but dp (derived at proxy scale) and precision (the proxy's), with Plan's own value type.
+    A field added to `Plan` fails here until the search space can vary it."""
+    from typing import Optional, get_args
+
+    from service.search.space import ParamSpace, PartialPlan
+    from service.spec import Plan
+
+    searched = {
+        name: f.annotation for name, f in Plan.model_fields.items() if name not in ("dp", "precision")
+    }
+    assert set(ParamSpace.model_fields) == set(searched)  # (the space's own order sets its points' order)
+    assert set(PartialPlan.model_fields) == set(searched)
+    for name, annotation in searched.items():
+        assert ParamSpace.model_fields[name].annotation == Optional[list[annotation]]  # noqa: UP045
+        assert get_args(PartialPlan.model_fields[name].annotation)[0] == annotation
