@@ -16,7 +16,6 @@ from typing import Any
 from service.search.prune import PruneResult
 from service.search.space import SearchSpace
 from service.search.trial import TrialSetup, run_trial
-from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec
 from service.tracking.uri import TrackingTarget
 
@@ -57,21 +56,12 @@ def trial_name(trial: Any) -> str:
 
 
 def max_concurrent_trials(world_size: int, device: str) -> int:
-    """Trials that fit side by side: GPUs (cuda) or CPUs (cpu, one kept for drivers) ÷ world size."""
-    import ray
+    """Trials that fit side by side: GPUs (cuda) or CPUs (cpu, one kept for drivers) ÷ world size, at the
+    cluster's full scale-out (service/cluster/capacity.py): GPU nodes that the autoscaler adds from
+    zero count, and a trial that can never fit is refused in one line."""
+    from service.cluster.capacity import max_concurrent_trials as at_full_scale
 
-    resources = ray.cluster_resources()
-    unit = "GPU" if device == "cuda" else "CPU"
-    have = resources.get(unit, 0.0) - (0.0 if device == "cuda" else 1.0)
-    fit = int(have // world_size)
-    if fit < 1:
-        extra = "" if device == "cuda" else " (+1 kept for trial drivers)"
-        offered = resources.get(unit, 0.0)
-        raise SpecError(
-            "proxy.num_workers",
-            f"a trial needs {world_size} {unit}s{extra} but the Ray cluster offers {offered:g}",
-        )
-    return fit
+    return at_full_scale(world_size, device)
 
 
 def trainable(search: TunerSettings, pr: PruneResult) -> Any:
