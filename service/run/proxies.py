@@ -10,6 +10,7 @@ measurement the calibration needs in full. A run killed mid-way is continued wit
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -78,17 +79,28 @@ class PlannedSearch(Search):
         return self._planned
 
 
-def saved_search(folder: Path) -> Path | None:
-    """The search folder under `folder` a killed run left behind (newest first), if any."""
+def saved_search(folder: Path, experiment: ExperimentSpec, choices: list[Choice]) -> Path | None:
+    """The search a killed (or finished) run left in `folder` for the same proxy experiment and the same
+    chosen plans, if any; a search made for another experiment or another choice is not continued."""
+    wanted_experiment = experiment.model_dump(mode="json")
+    wanted = [c.proxy_plan.short() for c in choices]
     found = sorted(folder.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return found[0].parent if found else None
+    for state_file in found:
+        try:
+            state = json.loads(state_file.read_text())
+            keys = [c["key"] for c in state["pruning"]["candidates"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if state.get("experiment") == wanted_experiment and keys == wanted:
+            return state_file.parent
+    return None
 
 
 def run_proxies(
     experiment: ExperimentSpec, choices: list[Choice], folder: Path, steps: int | None, progress: bool
 ) -> tuple[SearchResult, str]:
-    """(the search's result, its name): continues the search saved in `folder`, or starts one."""
-    saved = saved_search(folder)
+    """(the search's result, its name): continues the matching search saved in `folder`, or starts one."""
+    saved = saved_search(folder, experiment, choices)
     if saved is not None:
         search: Search = Search.restore(saved, progress=progress)
     else:
