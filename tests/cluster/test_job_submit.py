@@ -2,9 +2,10 @@
 stopped here), through Ray's job SDK (`JobSubmissionClient`, via service/cluster/jobs.py):
 
 - `plan --json` runs as a job and its output comes back in the job's logs;
-- a tiny search runs as a job and its MLflow records land in the store named by MLFLOW_TRACKING_URI,
-  passed in `runtime_env.env_vars` (not in the job's temporary copy of the working dir, where they
-  would vanish with the cluster);
+- a tiny search runs as a job and its MLflow records land in the MLflow server (as on a cluster's
+  head: `python -m service mlflow-server`, artifacts proxied) named by MLFLOW_TRACKING_URI, passed in
+  `runtime_env.env_vars`, not in the job's temporary copy of the working dir, where they would vanish
+  with the cluster;
 - a missing experiment file fails in one line, before submission (the CLI) and inside the job;
 - an address where no cluster answers fails in one line, at once.
 """
@@ -64,23 +65,27 @@ def _tiny_search_files(tmp: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_search_job_records_land_in_the_users_mlflow_store(cluster: LocalCluster, tmp_path: Path):
+def test_search_job_records_land_in_the_mlflow_server(cluster: LocalCluster, tmp_path: Path):
     from mlflow import MlflowClient
 
-    experiment, space = _tiny_search_files(tmp_path)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # absolute: outside the job's working dir
-    env = {"MLFLOW_TRACKING_URI": store, "SERVICE_SEARCH_DIR": str(tmp_path / "searches")}
-    started = time.monotonic()
-    command = ["python", "-m", "service", "search", str(experiment), "--space", str(space), "--json"]
-    job = submit_job(cluster.dashboard_url, command, working_dir=ROOT, env=env, token=cluster.token)
-    outcome = wait_for_job(job, timeout_s=420)
-    assert outcome.status == "SUCCEEDED", outcome.logs[-3000:]
-    print(f"search job: {time.monotonic() - started:.0f} s")
+    from service.tracking.server import mlflow_server
 
-    client = MlflowClient(tracking_uri=store)
-    exp = client.get_experiment_by_name("tiny-cpu-job")
-    assert exp is not None
-    runs = client.search_runs([exp.experiment_id])
+    experiment, space = _tiny_search_files(tmp_path)
+    store, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts"
+    with mlflow_server(store, artifacts_destination=artifacts, log_path=tmp_path / "mlflow.log") as url:
+        env = {"MLFLOW_TRACKING_URI": url, "SERVICE_SEARCH_DIR": str(tmp_path / "searches")}
+        started = time.monotonic()
+        command = ["python", "-m", "service", "search", str(experiment), "--space", str(space), "--json"]
+        job = submit_job(cluster.dashboard_url, command, working_dir=ROOT, env=env, token=cluster.token)
+        outcome = wait_for_job(job, timeout_s=420)
+        assert outcome.status == "SUCCEEDED", outcome.logs[-3000:]
+        print(f"search job: {time.monotonic() - started:.0f} s")
+        client = MlflowClient(tracking_uri=url)  # what `mlflow ui` through the tunnel shows
+        exp = client.get_experiment_by_name("tiny-cpu-job")
+        assert exp is not None and exp.artifact_location.startswith("mlflow-artifacts:")
+        runs = client.search_runs([exp.experiment_id])
+    assert list(artifacts.rglob("result.json"))  # the search's artifacts, proxied into the server's store
+
     parent = next(r for r in runs if "num_ok" in r.data.metrics)
     assert parent.data.metrics["num_ok"] == 1 and parent.data.metrics["best_tokens_per_s"] > 0
     trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
