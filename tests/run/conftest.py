@@ -53,8 +53,18 @@ class TinyRun:
 
 
 def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400) -> list[Path]:
-    cmd = [sys.executable, "-m", "service", "run", str(experiment), "--out", str(out),
-           "--max-proxies", str(MAX_PROXIES), "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "run",
+        str(experiment),
+        "--out",
+        str(out),
+        "--max-proxies",
+        str(MAX_PROXIES),
+        "--json",
+    ]
     log = (out.parent / "killed-run.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s

@@ -72,8 +72,11 @@ def test_report_rebuilds_the_memo_from_the_folder(tiny_run, tmp_path: Path) -> N
     out = tmp_path / "rebuilt"
     proc = subprocess.run(
         [sys.executable, "-m", "service", "report", str(tiny_run.out), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     original = Path(tiny_run.result.memo_paths["markdown"]).read_text()
     assert (out / "memo.md").read_text() == original
@@ -82,14 +85,33 @@ def test_report_rebuilds_the_memo_from_the_folder(tiny_run, tmp_path: Path) -> N
 
 def test_run_json_is_one_document_with_the_contract_keys(tiny_run, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "service", "run", str(tiny_run.experiment), "--json", "--no-proxies",
-         "--out", str(tmp_path / "plan-only")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "run",
+            str(tiny_run.experiment),
+            "--json",
+            "--no-proxies",
+            "--out",
+            str(tmp_path / "plan-only"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    for key in ("selected_plan", "predicted", "proxy_validation_error", "memo_paths", "ds_config_path",
-                "launch_command", "mlflow_run_id"):  # fmt: skip
+    for key in (
+        "selected_plan",
+        "predicted",
+        "proxy_validation_error",
+        "memo_paths",
+        "ds_config_path",
+        "launch_command",
+        "mlflow_run_id",
+    ):
         assert key in doc
     for key in ("tokens_per_s", "hours", "dollars", "memory_per_gpu_bytes"):
         assert len(doc["predicted"][key]["interval"]) == 2

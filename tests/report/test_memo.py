@@ -1,0 +1,110 @@
+"""The memo from a plan-only run of the 13B / 32×H100 experiment (no Ray, seconds): self-contained HTML,
+the same numbers as the JSON, every section, provenance tags; `report` rebuilds it from the folder."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.report.memo import fmt_dollars, fmt_gib, fmt_hours, fmt_tokens
+from service.run.result import RunResult
+
+REPO = Path(__file__).resolve().parents[2]
+SECTIONS = (
+    "Decision",
+    "Alternatives and why each lost",
+    "Validation on proxies",
+    "Extrapolation distance",
+    "Goodput",
+    "Sensitivity (±20 %)",
+    "Risks",
+    "Assumptions and sources",
+    "Outputs",
+)
+
+
+@pytest.fixture(scope="module")
+def plan_only(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    from service.run.pipeline import Run
+
+    tmp = tmp_path_factory.mktemp("memo")
+    data = yaml.safe_load((REPO / "experiments" / "llama2-13b-32xh100.yaml").read_text())
+    data["tracking"] = {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "buffer_dir": str(tmp / "pending")}
+    data["alternatives"] = [
+        {
+            "cluster": {
+                "gpu": "a100-sxm-80gb",
+                "num_nodes": 4,
+                "gpus_per_node": 8,
+                "price_per_gpu_hour_usd": 1.8,
+            },
+            "availability": "reserved, 2 weeks",
+        }
+    ]
+    path = tmp / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return Run(path, storage_path=tmp / "out", run_proxies=False).fit()
+
+
+def test_html_is_self_contained_with_decoded_charts(plan_only: RunResult) -> None:
+    page = Path(plan_only.memo_paths["html"]).read_text()
+    srcs = re.findall(r"src='([^']*)'", page)
+    assert len(srcs) >= 2 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    for s in srcs:
+        assert base64.b64decode(s.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "http://" not in page and "https://" not in page and "<link" not in page
+
+
+def test_memo_numbers_are_the_json_numbers(plan_only: RunResult) -> None:
+    md = Path(plan_only.memo_paths["markdown"]).read_text()
+    p = plan_only.predicted
+    decision = md.split("## Decision", 1)[1].split("##", 1)[0]
+    assert plan_only.selected_label and plan_only.selected_label in decision
+    assert fmt_tokens(p["tokens_per_s"]["value"]) in decision
+    lo, hi = p["dollars"]["interval"]
+    assert f"{fmt_dollars(p['dollars']['value'])} (80 %: {fmt_dollars(lo)}–{fmt_dollars(hi)})" in decision
+    assert fmt_hours(p["hours"]["value"]) in decision
+    assert fmt_gib(p["memory_per_gpu_bytes"]["value"]) + " GiB" in decision
+    assert f"{plan_only.goodput.checkpoint_interval_hours:.2f} h" in decision
+    saved = json.loads((Path(plan_only.out_dir) / "result.json").read_text())
+    assert saved["predicted"] == json.loads(json.dumps(p))
+
+
+def test_memo_has_every_section_tags_and_gpu_types(plan_only: RunResult) -> None:
+    md = Path(plan_only.memo_paths["markdown"]).read_text()
+    for section in SECTIONS:
+        assert f"## {section}" in md, section
+    assert "[prior]" in md
+    assert "419 unexpected interruptions" in md  # the cited interruption rate
+    assert "### GPU types under the same budget" in md and "a100-sxm-80gb" in md
+    assert {a.gpu for a in plan_only.alternatives} == {"h100-sxm-80gb", "a100-sxm-80gb"}
+    assert sum(a.outcome == "selected" for a in plan_only.alternatives) == 1
+    losers = [r for r in plan_only.rows if r.status not in ("selected",)]
+    assert losers and all(r.why for r in losers)
+
+
+def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "report", plan_only.out_dir, "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "memo.md").read_text() == Path(plan_only.memo_paths["markdown"]).read_text()
+    bad = subprocess.run(
+        [sys.executable, "-m", "service", "report", str(tmp_path / "nowhere")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
