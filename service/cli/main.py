@@ -33,6 +33,7 @@ COMMANDS = {
         "Serve MLflow (store + proxied artifacts) on 127.0.0.1 for drivers and the UI.",
     ),
     "submit": ("submit", "Submit a `python -m service ...` command to a Ray cluster's job API and wait."),
+    "train": ("train", "The production run: the chosen plan at full scale on Ray Train, resumable, tracked."),
     "profile": (
         "profile",
         "Time this device's kernels over a model's shapes; write a profile and catalog entry.",

@@ -1,0 +1,60 @@
+"""`python -m service train EXPERIMENT.yaml [--plan selected|LABEL] [--steps N] [--storage-path DIR]
+[--max-failures K] [--json]`
+
+The production run: Ray Train runs the chosen plan (default: the planner's selection; a label as
+`service plan` prints it) at full scale with the proxies' worker, checkpointing to DIR (default
+$SERVICE_STORAGE_PATH, else <repo>/ray_results/production; on a cluster, its shared storage) and
+resuming from the latest checkpoint after a lost worker or node, up to K times. The driver logs every
+step to MLflow and shows one progress line on stderr. On a CPU machine it runs the tiny experiment at
+its own full scale. Exit 0 when the run finished, 1 when it failed, 2 for bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("experiment", help="Experiment YAML.")
+    parser.add_argument("--plan", default="selected", help="'selected' (default) or a plan label.")
+    parser.add_argument("--steps", type=int, help="Optimizer steps (default: the workload's).")
+    parser.add_argument("--storage-path", help="Checkpoints and step log (the cluster's shared storage).")
+    parser.add_argument("--max-failures", type=int, default=3, help="Restarts after a lost worker/node.")
+    parser.add_argument("--json", action="store_true", help="Print one JSON document on stdout.")
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.cli.stdio import library_output_to_stderr
+    from service.train.production import ProductionRun
+
+    production = ProductionRun(
+        args.experiment,
+        args.plan,
+        steps=args.steps,
+        storage_path=args.storage_path,
+        max_failures=args.max_failures,
+        progress=True,
+    )
+    with library_output_to_stderr():
+        result = production.fit()
+    summary = {
+        "plan": result.plan.short(),
+        "status": result.status,
+        "reason": result.reason,
+        "steps": result.steps,
+        "final_loss": result.losses[-1] if result.losses else None,
+        "restarts": result.restarts,
+        "run_dir": result.run_dir,
+        "mlflow_run_id": result.mlflow_run_id,
+        "wall_s": round(result.wall_s, 1),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(" ".join(f"{k}={v}" for k, v in summary.items() if v not in (None, "")))
+    if result.status != "ok":
+        print(f"error: {result.reason}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,259 @@
+"""`ProductionRun`: the chosen plan at full scale, with the proxies' worker, on the cluster's storage.
+
+Shaped like Ray's trainers: construct, `fit()`, get a `ProductionResult`. Full scale is the
+experiment's own model and cluster: every layer, every GPU (`cluster.num_nodes × gpus_per_node`),
+the plan as the planner selected it (or one picked by label). Ray Train runs the same
+`train_loop_per_worker` as the proxies; it checkpoints every `checkpoint_every` steps to
+`storage_path` (the cluster's shared storage: `SERVICE_STORAGE_PATH`) and, after a node or worker
+loss, restarts from the latest checkpoint up to `max_failures` times (Ray Train's `FailureConfig`),
+the data loader included, so the loss trajectory continues exactly. The driver (this process, never
+a worker) follows rank 0's step log on that storage, logs each step to MLflow and shows one line of
+progress.
+
+Example:
+    >>> result = ProductionRun("experiments/tiny-cpu.yaml", steps=20).fit()  # doctest: +SKIP
+    >>> result.status, result.losses[-1], result.mlflow_run_id                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from service.spec.errors import SpecError
+from service.spec.experiment import ExperimentSpec, load_experiment
+from service.spec.plan import Plan
+
+STORAGE_ENV = "SERVICE_STORAGE_PATH"
+
+
+def full_scale(experiment: ExperimentSpec) -> ExperimentSpec:
+    """The experiment with its `proxy` section set to the production run itself."""
+    cluster, model = experiment.cluster, experiment.model
+    update: dict[str, Any] = {
+        "num_layers": model.num_layers,
+        "num_workers": cluster.num_nodes * cluster.gpus_per_node,
+        "device": "cpu" if cluster.gpu.name == "cpu" else "cuda",
+    }
+    if "hidden_scale" in type(experiment.proxy).model_fields:
+        update["hidden_scale"] = 1
+    return experiment.model_copy(update={"proxy": experiment.proxy.model_copy(update=update)})
+
+
+def choose_plan(experiment: ExperimentSpec, label: str = "selected") -> Plan:
+    """The planner's selected plan, or the valid plan whose label (`Plan.short()`) is `label`."""
+    from service.planner import Planner
+
+    result = Planner(experiment, top_k=0 if label == "selected" else 1_000_000).fit()
+    if label == "selected":
+        if result.selected is None:
+            raise SpecError("--plan", f"no plan meets the budget ({result.message}); pick one by label")
+        return result.selected.plan
+    for ranked in result.ranked:
+        if ranked.plan.short() == label:
+            return ranked.plan
+    raise SpecError("--plan", f"{label!r} is not a valid plan of {experiment.name} (see `service plan`)")
+
+
+@dataclass
+class ProductionResult:
+    plan: Plan
+    status: str  # ok, or failed (with reason)
+    reason: str
+    steps: int
+    losses: list[float]
+    restarts: int
+    run_dir: str
+    mlflow_run_id: str | None
+    wall_s: float
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _numbers(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric metrics of one step record."""
+    return {k: float(v) for k, v in record.get("metrics", {}).items() if isinstance(v, int | float)}
+
+
+class _Follower:
+    """Follows rank 0's step log from the driver: MLflow metrics per step, one progress line."""
+
+    def __init__(self, run_dir: Path, total: int, tracker: Any, out: TextIO | None):
+        self.run_dir, self.total, self.tracker, self.out = run_dir, total, tracker, out
+        self.logged = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="production-follow", daemon=True)
+
+    def __enter__(self) -> _Follower:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.poll()  # the last steps, written just before fit() returned
+        if self.out is not None:
+            self.out.write("\n")
+            self.out.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            self.poll()
+
+    def poll(self) -> None:
+        from service.train.run import read_log
+
+        records, restarts = read_log(self.run_dir)
+        for record in records[self.logged :]:
+            metrics = {"loss": float(record["loss"]), "restarts": float(restarts)}
+            numbers = _numbers(record)
+            metrics.update({k: numbers[k] for k in ("tokens_per_s", "step_time_s") if k in numbers})
+            if self.tracker is not None:
+                self.tracker.log_metrics(metrics, step=int(record["step"]))
+        self.logged = max(self.logged, len(records))
+        if self.out is not None and records:
+            last = records[-1]
+            rate = _numbers(last).get("tokens_per_s")
+            speed = f"  {rate:,.0f} tokens/s" if rate else ""
+            step, loss = last["step"], float(last["loss"])
+            self.out.write(f"\rstep {step}/{self.total}  loss {loss:.4f}{speed}  restarts {restarts}   ")
+            self.out.flush()
+
+
+class _MlflowRun:
+    """The driver's MLflow run for a production run (params at start, metrics per step)."""
+
+    def __init__(self, experiment: ExperimentSpec, plan: Plan, run_name: str):
+        import mlflow
+
+        from service.tracking.uri import resolve
+
+        target = resolve(experiment.tracking, experiment.name)
+        self.client = mlflow.MlflowClient(tracking_uri=target.uri)
+        exp = self.client.get_experiment_by_name(target.experiment_name)
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(
+            target.experiment_name, artifact_location=target.artifact_location
+        )  # fmt: skip
+        run = self.client.create_run(exp_id, run_name=run_name, tags={"service.kind": "production"})
+        self.run_id = run.info.run_id
+        params = {"plan": plan.short(), **{k: str(v) for k, v in plan.model_dump().items()}}
+        for key, value in params.items():
+            self.client.log_param(self.run_id, key, value)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, v, now, step) for k, v in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def finish(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED" if status == "ok" else "FAILED")
+
+
+class ProductionRun:
+    """Runs `plan` (default: the planner's selection) for the experiment at full scale.
+
+    Args:
+        experiment: `ExperimentSpec` or a path to its YAML.
+        plan: "selected" or a plan label such as `dp2-tp1-pp1-z1-mb2-ga1-rc:none`, or a `Plan`.
+        steps: optimizer steps (default: the workload's tokens ÷ tokens per step).
+        storage_path: checkpoints and the step log (default: $SERVICE_STORAGE_PATH, else
+            `<repo>/ray_results/production`); the same storage_path and run_name resume a run.
+        run_name: default `<experiment>-<plan>`.
+        checkpoint_every: steps between checkpoints (default: the proxy section's, else 1).
+        max_failures: restarts from the latest checkpoint after a lost worker or node.
+        track: log to MLflow from the driver.
+        progress: one progress line on stderr.
+        inject_failure_at_step: test hook: kill one worker once at this step.
+    """
+
+    def __init__(
+        self,
+        experiment: ExperimentSpec | str | Path,
+        plan: str | Plan = "selected",
+        *,
+        steps: int | None = None,
+        storage_path: str | Path | None = None,
+        run_name: str | None = None,
+        checkpoint_every: int | None = None,
+        max_failures: int = 3,
+        track: bool = True,
+        progress: bool = False,
+        inject_failure_at_step: int | None = None,
+    ):
+        from service.tracking.uri import repo_root
+
+        spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+        self.experiment = full_scale(spec)
+        self.plan = plan if isinstance(plan, Plan) else choose_plan(spec, plan)
+        if steps is not None and steps <= 0:
+            raise SpecError("--steps", f"must be positive, got {steps}")
+        self.steps = steps or self._workload_steps()
+        default = os.environ.get(STORAGE_ENV) or repo_root() / "ray_results"
+        self.storage_path = Path(storage_path or Path(default) / "production").resolve()
+        self.run_name = run_name or f"{spec.name}-{self.plan.short().replace(':', '_')}"
+        self.checkpoint_every = checkpoint_every or self.experiment.proxy.checkpoint_every or 1
+        self.max_failures, self.track, self.progress = max_failures, track, progress
+        self.inject_failure_at_step = inject_failure_at_step
+
+    def _workload_steps(self) -> int:
+        w = self.experiment.workload
+        tokens_per_step = w.global_batch_tokens or w.seq_len * (w.global_batch_sequences or 1)
+        return max(1, int(w.tokens_to_train // tokens_per_step))
+
+    def fit(self) -> ProductionResult:
+        from service.train.ray_session import ensure_ray
+
+        own_ray = ensure_ray(num_cpus=self.plan.num_gpus + 1)  # + the Train controller's
+        try:
+            return self._fit()
+        finally:
+            if own_ray:
+                import ray
+
+                ray.shutdown()
+
+    def _fit(self) -> ProductionResult:
+        from service.train.run import classify_failure, read_log
+        from service.train.trainer import build_trainer
+
+        started = time.monotonic()
+        run_dir = self.storage_path / self.run_name
+        self.storage_path.mkdir(parents=True, exist_ok=True)
+        tracker = _MlflowRun(self.experiment, self.plan, self.run_name) if self.track else None
+        trainer = build_trainer(
+            self.experiment,
+            self.plan,
+            run_name=self.run_name,
+            storage_path=str(self.storage_path),
+            steps=self.steps,
+            checkpoint_every=self.checkpoint_every,
+            inject_failure_at_step=self.inject_failure_at_step,
+            max_failures=self.max_failures,
+        )
+        status, reason = "ok", ""
+        with _Follower(run_dir, self.steps, tracker, sys.stderr if self.progress else None):
+            try:
+                trainer.fit()
+            except Exception as err:  # Ray wraps the worker's error; report it in one line
+                status, reason = classify_failure(err)
+        records, restarts = read_log(run_dir)
+        if tracker is not None:
+            tracker.finish(status)
+        return ProductionResult(
+            plan=self.plan,
+            status=status,
+            reason=reason,
+            steps=int(records[-1]["step"]) if records else 0,
+            losses=[float(r["loss"]) for r in records],
+            restarts=restarts,
+            run_dir=str(run_dir),
+            mlflow_run_id=tracker.run_id if tracker else None,
+            wall_s=time.monotonic() - started,
+            last_metrics=_numbers(records[-1]) if records else {},
+        )
