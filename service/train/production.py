@@ -114,8 +114,8 @@ class _Follower:
             metrics.update({k: numbers[k] for k in ("tokens_per_s", "step_time_s") if k in numbers})
             if self.tracker is not None:
                 self.tracker.log_metrics(metrics, step=int(record["step"]))
-        self.logged = max(self.logged, len(records))
-        if self.out is not None and records:
+        shown, self.logged = self.logged, max(self.logged, len(records))
+        if self.out is not None and records and self.logged > shown:
             last = records[-1]
             rate = _numbers(last).get("tokens_per_s")
             speed = f"  {rate:,.0f} tokens/s" if rate else ""
