@@ -144,5 +144,7 @@ def test_estimate_subprocess_is_light_and_fast():
     wall_s = time.perf_counter() - started
     seen = json.loads(proc.stdout)
     assert seen["rc"] == 0 and seen["heavy"] == []
-    assert seen["start_s"] < 1.0  # ~0.3 s idle on this 2-core machine
-    assert wall_s < 3.0  # ~0.5 s idle; loose because CI and other tests share the cores
+    # ~0.3 s start and ~0.5 s in all when the machine is idle; the bounds only catch a heavy import
+    # (torch alone takes seconds), since timings on 2 shared cores are not behaviour.
+    assert seen["start_s"] < 3.0
+    assert wall_s < 10.0

