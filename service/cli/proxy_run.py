@@ -89,21 +89,13 @@ def run(args: argparse.Namespace) -> int:
     if args.address:
         os.environ["RAY_ADDRESS"] = args.address
     plan = _plan(args, experiment)
-    if isinstance(plan, str):
-        result = {
-            "status": "invalid",
-            "reason": plan,
-            "losses": [],
-            "restarts": 0,
-            "measured": {},
-            "predicted": {},
-            "plan": None,
-            "ds_config": {},
-        }
-        print(json.dumps(result) if args.json else f"status: invalid ({plan})")
-        return 1
     from service.cli.stdio import library_output_to_stderr
-    from service.train.run import run_proxy
+    from service.train.run import ProxyResult, run_proxy
+
+    if isinstance(plan, str):
+        invalid = ProxyResult.invalid(plan)
+        print(json.dumps(invalid.model_dump(mode="json")) if args.json else f"status: invalid ({plan})")
+        return 1
 
     # Ray prints on stdout when a worker dies (e.g. with --inject-failure-at-step): keep stdout ours.
     with library_output_to_stderr():

@@ -55,12 +55,17 @@ class ProxyResult(BaseModel):
     restarts: int = Field(0, description="Times Ray Train restarted the workers from a checkpoint.")
     measured: dict[str, float] = Field(default_factory=dict)
     predicted: dict[str, float] = Field(default_factory=dict)
-    plan: Plan
+    plan: Plan | None = Field(description="The plan run; None when the input described no valid plan.")
     precision: str = Field("", description="What the proxy computed in (a CPU proxy: proxy.precision).")
     ds_config: dict[str, Any] = Field(default_factory=dict)
     run_dir: str = ""
     submit_to_first_step_s: float | None = Field(None, description="From fit() to the first step's end.")
     wall_s: float = 0.0
+
+    @classmethod
+    def invalid(cls, reason: str, plan: Plan | None = None) -> ProxyResult:
+        """The result of a plan that cannot run (nothing was started), with the one-line reason."""
+        return cls(status="invalid", reason=reason, plan=plan)
 
 
 def _one_line(text: str, pattern: re.Pattern[str] | None = None) -> str:
@@ -143,10 +148,10 @@ def run_proxy(
     from service.train.trainer import build_trainer
 
     started = time.time()
-    base = ProxyResult(status="invalid", plan=plan)
+    base = ProxyResult.invalid("", plan)
     problem = proxy_plan_problem(experiment, plan)
     if problem:
-        return base.model_copy(update={"reason": problem})
+        return ProxyResult.invalid(problem, plan)
     ds_config = deepspeed_config(proxy_plan(experiment, plan), experiment.proxy, proxy_model(experiment))
     try:
         predicted = predict_proxy(experiment, plan)
@@ -196,7 +201,7 @@ def _result_from_log(run_dir: Path, fit_start: float) -> ProxyResult:
     measured, predicted = _summaries(records[-1].get("metrics", {}) if records else {})
     return ProxyResult(
         status="ok",
-        plan=Plan(),
+        plan=None,
         losses=[float(r["loss"]) for r in records],
         restarts=restarts,
         measured=measured,

@@ -57,6 +57,10 @@ def test_plan_deepspeed_cannot_run_is_invalid_not_a_crash(capsys):
     data = json.loads(capsys.readouterr().out)
     assert code == 1
     assert data["status"] == "invalid" and "zero_stage 3" in data["reason"]
+    from service.train.run import ProxyResult
+
+    assert set(data) == set(ProxyResult.model_fields)  # the same document as a run's, with plan None
+    assert data["plan"] is None and data["losses"] == [] and data["measured"] == {}
 
 
 def test_workers_not_divisible_by_tp_pp_is_invalid(capsys):
