@@ -89,6 +89,7 @@ class Measurement(BaseModel):
     seq_len: int = Field(gt=0)
     recompute: Literal["none", "selective", "full"]
     sequence_parallel: bool = False
+    virtual_stages: int = Field(1, gt=0)
     precision: Literal["bf16", "fp16"] = "bf16"
     measured: Measured
     reported_mfu: float | None = None
@@ -107,7 +108,8 @@ class Measurement(BaseModel):
 
     def plan_fields(self) -> dict[str, Any]:
         keys = ("dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "sequence_parallel")
-        return {**{k: getattr(self, k) for k in keys}, "precision": self.precision}
+        keys += ("virtual_stages", "precision")
+        return {k: getattr(self, k) for k in keys}
 
 
 class Dataset(BaseModel):
@@ -163,13 +165,15 @@ def megatron_only_problem(row: Measurement, model: ModelSpec, cluster: ClusterSp
     (pp folded into dp) and the PP half (tp folded into dp) separately, so only the DeepSpeed rule
     against combining them is skipped. The batch split is checked by `Measurement`.
     """
-    f = row.plan_fields()
+    f = {**row.plan_fields(), "virtual_stages": 1}
     tp_half = Plan(**{**f, "pp": 1, "dp": row.dp * row.pp})
     pp_half = Plan(**{**f, "tp": 1, "dp": row.dp * row.tp, "sequence_parallel": False})
     for half in (tp_half, pp_half):
         problem = plan_problem(half, model, cluster)
         if problem:
             return f"{problem[0]}: {problem[1]}"
+    if model.num_layers % (row.pp * row.virtual_stages):
+        return f"virtual_stages: pp·virtual_stages = {row.pp * row.virtual_stages} does not divide the layers"
     return None
 
 
@@ -250,6 +254,7 @@ class MeasuredRun(BaseModel):
             "micro_batch": p.micro_batch,
             "grad_accum": p.grad_accum,
             "sequence_parallel": p.sequence_parallel,
+            "virtual_stages": p.virtual_stages,
             "recompute": RECOMPUTE_CODES.index(p.recompute),
             "precision": PRECISION_CODES.index(p.precision),
             "offload_optimizer": p.offload_optimizer,
@@ -264,7 +269,8 @@ def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
     fields = row.plan_fields()
     # Plan re-checks DeepSpeed's rules whenever it is validated, so a megatron-only layout is put in
     # after validation (with the TP half of it standing in while the record is checked).
-    stand_in = Plan(**{**fields, "pp": 1, "dp": row.dp * row.pp}) if row.megatron_only else Plan(**fields)
+    tp_half = {**fields, "pp": 1, "dp": row.dp * row.pp, "virtual_stages": 1}
+    stand_in = Plan(**tp_half) if row.megatron_only else Plan(**fields)
     run = MeasuredRun(
         id=row.id,
         source=row.source,

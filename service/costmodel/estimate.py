@@ -80,7 +80,7 @@ def _memory(
     recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
         model, p.tp, p.sequence_parallel, p.recompute, d, s
     )
-    in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum)
+    in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum, p.virtual_stages)
     pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp)
@@ -165,11 +165,15 @@ def _times(
     )
 
     # Pipeline: activations forward and their gradients backward across each stage boundary, and the
-    # 1F1B bubble of (pp − 1) micro-batch slots (Narayanan et al. 2021, §2.2).
+    # 1F1B bubble of (pp − 1) micro-batch slots (Narayanan et al. 2021, §2.2). The interleaved schedule
+    # with v model chunks per stage cuts the bubble to (pp − 1)/v slots and sends v times as many
+    # messages (§2.2.2; the slot's chunk compute is 1/v of the stage's, so the bubble is (pp − 1)/v · slot).
+    v = p.virtual_stages
     crosses = p.dp * p.tp >= cluster.gpus_per_node
-    pp_mb = np.where(p.pp > 1, 2 * comm.p2p_time_s(tokens * model.hidden_size * d, crosses, gpu, net), 0.0)
+    p2p = comm.p2p_time_s(tokens * model.hidden_size * d, crosses, gpu, net)
+    pp_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
     slot = fwd + bwd + recompute + tp_mb + pp_mb
-    bubble = (p.pp - 1) * slot
+    bubble = (p.pp - 1) / v * slot
 
     dp_comm, offload, optimizer_step = _data_parallel_and_offload(model, cluster, p, fwd, bwd, gpu, net)
     ga = p.grad_accum

@@ -181,10 +181,12 @@ def logits_transient_bytes_per_token(model: ModelSpec, d: Num) -> Num:
     return (d + FP32) * model.vocab_size
 
 
-def micro_batches_in_flight(pp: Num, grad_accum: Num) -> Num:
+def micro_batches_in_flight(pp: Num, grad_accum: Num, virtual_stages: Num = 1) -> Num:
     """Micro-batches whose activations the first stage holds at once under 1F1B: min(pp, m)
-    (Narayanan et al. 2021, §2.2.1; Korthikanti §4.2.3). Without a pipeline, one at a time."""
-    return np.minimum(pp, grad_accum)
+    (Narayanan et al. 2021, §2.2.1; Korthikanti §4.2.3). Without a pipeline, one at a time. The
+    interleaved schedule holds 1 + (pp − 1)/(pp·v) times as much (Korthikanti §4.2.3)."""
+    interleave = np.where(virtual_stages > 1, 1 + (pp - 1) / (pp * virtual_stages), 1.0)
+    return np.minimum(pp, grad_accum) * interleave
 
 
 def zero_buffer_elements(model: ModelSpec, zero_stage: Num, params_per_gpu: Num) -> Num:

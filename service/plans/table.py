@@ -32,14 +32,19 @@ class PlanTable:
     recompute: np.ndarray
     sequence_parallel: np.ndarray
     precision: np.ndarray
+    virtual_stages: np.ndarray  # interleaved 1F1B chunks per stage (1 = plain 1F1B)
 
     def __len__(self) -> int:
         return len(self.dp)
 
     @classmethod
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
-        """Builds a table from equal-length columns (ints; bools for the flags)."""
+        """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` defaults
+        to 1 (plain 1F1B)."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
+        ints.add("virtual_stages")
+        if "virtual_stages" not in cols:
+            cols["virtual_stages"] = np.ones(len(np.asarray(cols["dp"])), dtype=np.int64)
         return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
 
     @classmethod

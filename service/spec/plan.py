@@ -32,6 +32,12 @@ class Plan(BaseModel):
     dp: int = Field(1, gt=0, description="Data-parallel degree (replicas).")
     tp: int = Field(1, gt=0, description="Tensor-parallel degree (Megatron / DeepSpeed AutoTP).")
     pp: int = Field(1, gt=0, description="Pipeline-parallel stages.")
+    virtual_stages: int = Field(
+        1,
+        gt=0,
+        description="Model chunks per pipeline stage (Megatron's interleaved 1F1B); DeepSpeed runs plain "
+        "1F1B (1). The bubble shrinks by this factor, pipeline traffic grows by it.",
+    )
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params."
     )
@@ -66,8 +72,9 @@ class Plan(BaseModel):
         """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel`."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
+        vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         return (
-            f"dp{self.dp}-tp{self.tp}-pp{self.pp}-z{self.zero_stage}{off}-mb{self.micro_batch}"
+            f"dp{self.dp}-tp{self.tp}-pp{self.pp}{vs}-z{self.zero_stage}{off}-mb{self.micro_batch}"
             f"-ga{self.grad_accum}-rc:{self.recompute[:4]}{sp}"
         )
 
@@ -88,6 +95,11 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "pp", "DeepSpeed cannot combine AutoTP (tp > 1) with its pipeline engine (pp > 1)"
     if plan.sequence_parallel and plan.tp == 1:
         return "sequence_parallel", "sequence parallelism needs tp > 1"
+    if plan.virtual_stages > 1:
+        if plan.pp == 1:
+            return "virtual_stages", "virtual_stages > 1 needs pp > 1"
+        # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only.
+        return "virtual_stages", "DeepSpeed's pipeline engine has no interleaved schedule; allowed: 1"
     return None
 
 
@@ -107,8 +119,11 @@ def plan_problem(
         return "tp", f"tp {plan.tp} does not divide num_attention_heads {model.num_attention_heads}"
     if model.kv_heads % plan.tp:
         return "tp", f"tp {plan.tp} does not divide num_key_value_heads {model.kv_heads}"
-    if model.num_layers % plan.pp:
-        return "pp", f"pp {plan.pp} does not divide num_layers {model.num_layers}"
+    if model.num_layers % (plan.pp * plan.virtual_stages):
+        if plan.virtual_stages == 1:
+            return "pp", f"pp {plan.pp} does not divide num_layers {model.num_layers}"
+        chunks = plan.pp * plan.virtual_stages
+        return "virtual_stages", f"pp·virtual_stages = {chunks} does not divide num_layers {model.num_layers}"
     if cluster is not None:
         if plan.num_gpus != cluster.num_gpus:
             return "dp", f"dp·tp·pp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"

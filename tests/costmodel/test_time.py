@@ -124,3 +124,31 @@ def test_offload_costs_time_and_frees_gpu_memory():
     assert on.time_breakdown_s.offload > 0 and off.time_breakdown_s.offload == 0
     assert on.memory_per_gpu_bytes.optimizer == 0 and on.memory_per_gpu_bytes.cpu_offload > 0
     assert on.step_time_s > off.step_time_s
+
+
+def test_interleaved_schedule_cuts_the_bubble_by_its_virtual_stages():
+    """Narayanan et al. 2021 §2.2.2: v chunks per stage → bubble (pp − 1)/v slots, v× the p2p messages.
+    DeepSpeed cannot run it (`Plan` rejects it), so it is scored on a `PlanTable`, as Megatron runs are."""
+    from service.costmodel import estimate_table
+    from service.plans.table import PlanTable
+
+    def table(v: int) -> PlanTable:
+        cols = dict(dp=2, tp=2, pp=8, zero_stage=0, micro_batch=1, grad_accum=32, recompute=2, precision=0)
+        cols |= dict(offload_optimizer=False, offload_params=False, sequence_parallel=False, virtual_stages=v)
+        return PlanTable.from_columns(**{k: np.asarray([x]) for k, x in cols.items()})
+
+    work = Workload(seq_len=4096, global_batch_sequences=64, tokens_to_train=1e9)
+    plain, inter = (estimate_table(LLAMA13, CLUSTER, work, table(v), params=ModelParams()) for v in (1, 5))
+    assert inter.pp_comm_s[0] == pytest.approx(5 * plain.pp_comm_s[0])
+    per_slot_plain = (plain.compute_s + plain.recompute_s + plain.tp_comm_s + plain.pp_comm_s)[0] / 32
+    assert plain.bubble_s[0] == pytest.approx(7 * per_slot_plain, rel=0.02)
+    assert inter.bubble_s[0] < plain.bubble_s[0] / 4  # 7/5 slots, each slightly dearer in p2p
+    assert inter.step_time_s[0] < plain.step_time_s[0]
+
+
+def test_deepspeed_plans_cannot_interleave():
+    with pytest.raises(ValueError, match="virtual_stages: DeepSpeed's pipeline engine has no interleaved"):
+        Plan(dp=4, pp=8, grad_accum=8, virtual_stages=2)
+    with pytest.raises(ValueError, match="virtual_stages > 1 needs pp > 1"):
+        Plan(dp=32, virtual_stages=2)
+    assert Plan(dp=4, pp=8).short() == "dp4-tp1-pp8-z0-mb1-ga1-rc:none"  # plain 1F1B keeps its label
