@@ -52,9 +52,27 @@ def detect_device() -> tuple[str, str]:
     return "cpu", ""
 
 
-def same_gpu_type(catalog_name: str, device_name: str) -> bool:
-    """Whether a CUDA device (e.g. 'NVIDIA H100 80GB HBM3') is the catalog's type ('h100-sxm-80gb')."""
+def same_device(proxy_device: str, catalog_name: str, device_name: str) -> bool:
+    """Whether the proxies run on the production device type: CPU proxies for a `cpu` cluster, or a
+    CUDA device (e.g. 'NVIDIA H100 80GB HBM3') of the catalog's type ('h100-sxm-80gb')."""
+    if proxy_device == "cpu":
+        return catalog_name == "cpu"
     return bool(device_name) and catalog_name.split("-")[0].upper() in device_name.upper()
+
+
+def time_terms_for(info: dict[str, Any], same: bool) -> dict[str, Any]:
+    """What the memo says about time terms, once it is known whether the proxies ran on the production
+    device type (only then are time terms fitted on them)."""
+    if not same:
+        return {"time_terms": "kept at the published-set parameters (the proxies ran on another device type)"}
+    return {
+        "time_terms": "fitted on the proxies: they ran on the production device type",
+        "identifies": [
+            *info["identifies"],
+            "time terms (efficiencies, per-step overheads) on this device type",
+        ],
+        "cannot_identify": [c for c in info["cannot_identify"] if not c.startswith("GPU time terms")],
+    }
 
 
 class Run:
@@ -101,7 +119,8 @@ class Run:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         prior_scored = score(spec.model, spec.cluster, spec.workload, spec.budget, prior, spec.goodput)
         proxy_exp, proxy_info = design_proxy(spec, self.device)
-        on_gpu = proxy_info["device"] == "cuda" and same_gpu_type(spec.cluster.gpu.name, self.device_name)
+        on_gpu = same_device(proxy_info["device"], spec.cluster.gpu.name, self.device_name)
+        proxy_info.update(time_terms_for(proxy_info, on_gpu))
         order = [(int(r), prior_scored.plans.row(int(r))) for r in prior_scored.selection.order]
         choices, notes = choose(order, proxy_exp, self.max_proxies)
         proxy_info["choices"] = [
