@@ -107,8 +107,8 @@ class Measurement(BaseModel):
         return self
 
     def plan_fields(self) -> dict[str, Any]:
-        keys = ("dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "sequence_parallel")
-        keys += ("virtual_stages", "precision")
+        keys: tuple[str, ...] = ("dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute")
+        keys += ("sequence_parallel", "virtual_stages", "precision")
         return {k: getattr(self, k) for k in keys}
 
 

@@ -18,8 +18,9 @@ TIME_TERMS = ("compute", "recompute", "dp_comm", "tp_comm", "pp_comm", "bubble",
 
 @dataclass(frozen=True)
 class EstimateTable:
-    """Per-plan numbers. Memory in bytes per GPU (the busiest GPU: pipeline stage 0); times in seconds
-    per optimizer step; `*_exposed` terms are what is left after overlap and adds up to `step_time_s`."""
+    """Per-plan numbers. Memory in bytes per GPU (the busier of the first and the last pipeline stage);
+    times in seconds per optimizer step; the communication and offload terms are what is left after
+    overlap, and all time terms add up to `step_time_s`."""
 
     params_bytes: np.ndarray
     grads_bytes: np.ndarray

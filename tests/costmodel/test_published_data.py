@@ -142,15 +142,6 @@ def test_rank_statistics():
     assert math.isnan(ta.spearman(x, np.ones(4)))
 
 
-def _has_cost_model() -> bool:
-    try:
-        from service.costmodel import estimate, estimate_table  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_cost_model(), reason="service.costmodel.estimate is not written yet")
 def test_accuracy_script_runs_and_writes_results(ds, tmp_path, capsys):
     out = tmp_path / "throughput_accuracy.json"
     assert ta.main(["--out", str(out), "--worst", "3", "--quick"]) == 0

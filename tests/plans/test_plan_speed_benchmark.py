@@ -28,8 +28,11 @@ def test_plan_speed_benchmark_writes_results(tmp_path):
         timeout=120,
         cwd=ROOT,
     )
-    assert proc.returncode in (0, 1), proc.stderr  # 1 = target missed on a loaded machine
     data = json.loads(out.read_text())
+    # The exit code says whether every scenario met the target (1 = missed, e.g. on a loaded machine);
+    # it must agree with what the script wrote.
+    met = all(s["meets_target"] for s in data["speed"].values())
+    assert proc.returncode == (0 if met else 1), proc.stderr
     small, big = data["speed"]["llama2-13b-32xh100"], data["speed"]["llama2-70b-1024xh100"]
     assert (small["candidates"], small["plans_ranked"]) == (14112, 666)
     assert (big["candidates"], big["plans_ranked"]) == (44352, 423)
