@@ -90,6 +90,10 @@ def _memory(
         logits = np.where(is_last, tokens * mem.logits_bytes_per_token(model, d, s), 0.0)
         transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, d), 0.0)
         buffers = pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
+        # ZeRO-1/2 with optimizer offload stages each gradient through a device buffer the size of the
+        # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
+        offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
+        buffers = buffers + np.where(offload_staging, pb * model.vocab_size * model.hidden_size, 0.0)
         # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
         # the peak holds one of the two, not both (measured on the proxy, tests/train).
         activations = tokens * per_layer * layers * micro_batches + np.maximum(recompute_peak - logits, 0.0)
