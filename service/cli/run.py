@@ -43,8 +43,8 @@ def summary(result: Any) -> str:
             v = p[key]
             lo, hi = v["interval"]
             lines.append(
-                f"  {key:<22} {v['value'] / scale:>12,.2f} {unit:<9} 80 %: {lo / scale:,.2f}–{hi / scale:,.2f} "
-                f"[{v['tag']}]"
+                f"  {key:<22} {v['value'] / scale:>12,.2f} {unit:<9} "
+                f"80 %: {lo / scale:,.2f}–{hi / scale:,.2f} [{v['tag']}]"
             )
     err = result.proxy_validation_error.get("activation_bytes_per_rank", {})
     if result.proxy_validation_error.get("n"):
@@ -57,6 +57,8 @@ def summary(result: Any) -> str:
     if result.ds_config_path:
         lines.append(f"DeepSpeed config: {result.ds_config_path}")
         lines.append(f"launch: {result.launch_command}")
+        if result.deepspeed_command and result.deepspeed_command != result.launch_command:
+            lines.append(f"  or with your own training script: {result.deepspeed_command}")
     if result.tracking_uri:
         lines.append(f"MLflow: parent run {result.mlflow_run_id}; open the UI with")
         lines.append(f"  mlflow ui --backend-store-uri {result.tracking_uri} --host 127.0.0.1 --port 5000")

@@ -328,6 +328,8 @@ def sensitivity(r: RunResult) -> list[Block]:
 def outputs(r: RunResult) -> list[Block]:
     blocks: list[Block] = [("h2", "Outputs")]
     items = [f"DeepSpeed config (full scale): {r.ds_config_path}", f"launch: `{r.launch_command}`"]
+    if r.deepspeed_command and r.deepspeed_command != r.launch_command:
+        items.append(f"or with your own training script: `{r.deepspeed_command}`")
     if r.mlflow_run_id:
         items.append(f"MLflow parent run {r.mlflow_run_id} ({r.tracking_uri}); proxy trials are its children")
     blocks.append(("ul", [i for i in items if "None" not in i]))

@@ -15,6 +15,7 @@ from service.run.outputs import (
     log_outputs,
     open_parent_run,
     production_ds_config,
+    ray_job_command,
     write_launch_script,
 )
 from service.run.result import RunResult
@@ -132,6 +133,7 @@ def finish(
     chosen: int | None,
     search_name: str | None,
     started: float,
+    experiment_path: str | None = None,
 ) -> RunResult:
     from service.report import write_memo
 
@@ -141,9 +143,14 @@ def finish(
         plan: Plan = main.plans.row(chosen)
         ds = production_ds_config(plan, spec.model_copy(update={"cluster": main.cluster}))
         ds_path = dump_json(folder / "ds_config.json", ds)
-        command = launch_command(plan, main.cluster, ds_path)
-        write_launch_script(folder / "launch.sh", command, plan, main.cluster)
-        updates.update(ds_config=ds, ds_config_path=str(ds_path), launch_command=command)
+        deepspeed = launch_command(plan, main.cluster, ds_path)
+        # `service train` runs the experiment's own cluster: offered when that cluster was chosen.
+        same_cluster = main.cluster == spec.cluster and experiment_path is not None
+        command = ray_job_command(experiment_path, plan) if same_cluster else deepspeed  # type: ignore[arg-type]
+        write_launch_script(folder / "launch.sh", command, plan, main.cluster, deepspeed)
+        updates.update(
+            ds_config=ds, ds_config_path=str(ds_path), launch_command=command, deepspeed_command=deepspeed
+        )
     result = result.model_copy(update=updates)
     result = result.model_copy(update={"risks": risks(result), "assumptions": assumptions(result, spec)})
     key = f"search:{search_name}" if search_name else f"run:{spec.name}:{int(started)}"

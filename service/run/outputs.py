@@ -30,6 +30,14 @@ def production_ds_config(plan: Plan, experiment: ExperimentSpec) -> dict[str, An
     return config
 
 
+def ray_job_command(experiment_path: str, plan: Plan) -> str:
+    """The plan at full scale as a Ray job: `python -m service train` runs the proxies' own worker (Ray
+    Train + DeepSpeed, checkpoints, restarts) on the experiment's cluster; `service submit` is
+    `ray job submit --working-dir .` that passes the MLflow and storage settings on."""
+    train = ["python", "-m", "service", "train", experiment_path, "--plan", plan.short()]
+    return shlex.join(["python", "-m", "service", "submit", "--", *train])
+
+
 def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> str:
     """DeepSpeed's launcher over the cluster's nodes, with the generated config.
 
@@ -49,13 +57,20 @@ def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> st
     return shlex.join(args)
 
 
-def write_launch_script(path: Path, command: str, plan: Plan, cluster: ClusterSpec) -> Path:
+def write_launch_script(
+    path: Path, command: str, plan: Plan, cluster: ClusterSpec, deepspeed_command: str | None = None
+) -> Path:
+    alternative = (
+        "# Or with your own training script (`hostfile` lists the nodes, 'host slots=8' per line; train.py\n"
+        "# passes --deepspeed_config to deepspeed.initialize):\n"
+        f"#   {deepspeed_command}\n"
+        if deepspeed_command
+        else ""
+    )
     path.write_text(
         "#!/usr/bin/env bash\n"
         f"# {plan.short()} on {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}.\n"
-        "# `hostfile` lists the nodes ('host slots=8' per line); train.py is your training script, which\n"
-        "# passes --deepspeed_config to deepspeed.initialize. As a Ray job on the cluster of\n"
-        "# ray_cluster.yaml: ray job submit --address http://HEAD:8265 --working-dir . -- bash launch.sh\n"
+        f"{alternative}"
         "set -euo pipefail\n"
         f"{command}\n"
     )

@@ -103,6 +103,7 @@ class Run:
         progress: bool = False,
     ):
         self.spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+        self.experiment_path = None if isinstance(experiment, ExperimentSpec) else str(experiment)
         self.params = params if isinstance(params, ModelParams) else load_params(params)
         if max_proxies < 0:
             raise SpecError("max_proxies", f"must be 0 or more, got {max_proxies}")
@@ -180,7 +181,7 @@ class Run:
         )
         from service.run.finish import finish
 
-        return finish(result, spec, main, chosen, search_name, started)
+        return finish(result, spec, main, chosen, search_name, started, self.experiment_path)
 
     def _proxies(
         self, proxy_exp: ExperimentSpec, choices: list[Any]

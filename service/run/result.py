@@ -174,7 +174,8 @@ class RunResult(BaseModel):
     assumptions: list[dict[str, str]] = Field(default_factory=list)
     ds_config: dict[str, Any] = Field(default_factory=dict)
     ds_config_path: str | None = None
-    launch_command: str | None = None
+    launch_command: str | None = None  # the Ray job (python -m service train), else the DeepSpeed launcher
+    deepspeed_command: str | None = None  # DeepSpeed's launcher with your own training script
     memo_paths: dict[str, str] = Field(default_factory=dict)
     mlflow_run_id: str | None = None
     tracking_uri: str | None = None

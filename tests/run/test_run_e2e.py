@@ -37,7 +37,10 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     assert ds["train_micro_batch_size_per_gpu"] == plan["micro_batch"]
     assert ds["gradient_accumulation_steps"] == plan["grad_accum"]
     assert ds["zero_optimization"]["stage"] == plan["zero_stage"]
-    assert r.ds_config_path in r.launch_command and r.launch_command.startswith("deepspeed ")
+    assert r.deepspeed_command.startswith("deepspeed ") and r.ds_config_path in r.deepspeed_command
+    assert r.launch_command.endswith(f"service train {tiny_run.experiment} --plan {r.selected_label}")
+    launch = (tiny_run.out / "launch.sh").read_text()
+    assert r.launch_command in launch and r.deepspeed_command in launch
     for path in r.memo_paths.values():
         assert Path(path).is_file()
     saved = json.loads((tiny_run.out / "result.json").read_text())
