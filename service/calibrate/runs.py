@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.catalog import load_gpu, load_model
-from service.plans.table import PRECISION_CODES, RECOMPUTE_CODES, PlanTable
+from service.plans.table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable
 from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workload, plan_problem
 from service.spec.errors import validate_as
+from service.spec.plan import Engine
 
 FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7"]
 
@@ -38,6 +39,7 @@ class Source(BaseModel):
     mfu_definition: str = ""
     flops_formula: str = ""
     read_via: str = ""
+    engine: Engine = Field("deepspeed", description="What ran its rows (a row may say otherwise).")
 
 
 class Measured(BaseModel):
@@ -90,6 +92,7 @@ class Measurement(BaseModel):
     recompute: Literal["none", "selective", "full"]
     sequence_parallel: bool = False
     virtual_stages: int = Field(1, gt=0)
+    engine: Engine | None = Field(None, description="What ran it; default: its source's engine.")
     precision: Literal["bf16", "fp16"] = "bf16"
     measured: Measured
     reported_mfu: float | None = None
@@ -255,6 +258,7 @@ class MeasuredRun(BaseModel):
             "grad_accum": p.grad_accum,
             "sequence_parallel": p.sequence_parallel,
             "virtual_stages": p.virtual_stages,
+            "engine": ENGINE_CODES.index(p.engine),
             "recompute": RECOMPUTE_CODES.index(p.recompute),
             "precision": PRECISION_CODES.index(p.precision),
             "offload_optimizer": p.offload_optimizer,
@@ -263,25 +267,24 @@ class MeasuredRun(BaseModel):
         return PlanTable.from_columns(**{k: np.asarray([v]) for k, v in cols.items()})
 
 
+def row_plan(ds: Dataset, row: Measurement) -> Plan:
+    """The row's layout as a validated `Plan` of the engine that ran it."""
+    return Plan(**row.plan_fields(), engine=row.engine or ds.sources[row.source].engine)
+
+
 def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
     """The `MeasuredRun` of one row of a runs file."""
     model = model_spec(ds, row.model)
-    fields = row.plan_fields()
-    # Plan re-checks DeepSpeed's rules whenever it is validated, so a megatron-only layout is put in
-    # after validation (with the TP half of it standing in while the record is checked).
-    tp_half = {**fields, "pp": 1, "dp": row.dp * row.pp, "virtual_stages": 1}
-    stand_in = Plan(**tp_half) if row.megatron_only else Plan(**fields)
-    run = MeasuredRun(
+    return MeasuredRun(
         id=row.id,
         source=row.source,
         model=model,
         cluster=cluster_spec(row),
         workload=workload(row),
-        plan=stand_in,
+        plan=row_plan(ds, row),
         tokens_per_s_per_gpu=measured_tokens_per_s_per_gpu(row, model),
         approximate=row.approximate,
     )
-    return run.model_copy(update={"plan": Plan.model_construct(**fields)}) if row.megatron_only else run
 
 
 CSV_INT_FIELDS: tuple[str, ...] = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "zero_stage")
@@ -326,11 +329,14 @@ def load_dataset(path: str | Path) -> Dataset:
     ds = validate_as(Dataset, data, str(p))
     for i, row in enumerate(ds.measurements):
         try:
-            model_spec(ds, row.model)
-            if not row.megatron_only:
-                check = plan_problem(Plan(**row.plan_fields()), model_spec(ds, row.model), cluster_spec(row))
-                if check:
-                    raise SpecError(f"measurements.{i}.{check[0]}", f"{row.id}: {check[1]}", str(p))
+            check = plan_problem(row_plan(ds, row), model_spec(ds, row.model), cluster_spec(row))
+            if check:
+                raise SpecError(f"measurements.{i}.{check[0]}", f"{row.id}: {check[1]}", str(p))
+        except ValidationError as err:  # Plan's own rules (what the row's engine can combine)
+            message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+            raise SpecError(
+                f"measurements.{i}.{message.split(':')[0]}", f"{row.id}: {message}", str(p)
+            ) from None
         except SpecError as err:
             if err.field.startswith("measurements."):
                 raise

@@ -11,7 +11,7 @@ from service.costmodel import comm, compute
 from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
-from service.plans.table import PlanTable
+from service.plans.table import ENGINE_CODES, PlanTable
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
@@ -212,6 +212,10 @@ def _data_parallel_and_offload(
     backward (stage 1 once per step, stage 2 every micro-batch) and all-gather the updated parameters
     after the step; stage 3 all-gathers parameters in forward and backward and reduce-scatters gradients
     every micro-batch, prefetched behind compute.
+
+    FSDP (Zhao et al. 2023, "PyTorch FSDP", §3-4) gathers and reduces one flat parameter per wrapped
+    unit, a transformer block, so it issues one collective per block instead of per bucket or module;
+    SHARD_GRAD_OP (stage 2) re-gathers the parameters in the next forward, prefetched behind it.
     """
     gpn = cluster.gpus_per_node
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
@@ -221,15 +225,21 @@ def _data_parallel_and_offload(
     # each block's weight matrices module by module (DeepSpeed's per-submodule fetch).
     bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
     buckets = np.ceil(psi / bucket)
-    modules = (model.num_layers / p.pp) * (7 if model.mlp == "swiglu" else 4)
-    collectives = np.where(p.zero_stage == 3, modules, buckets)
+    blocks = model.num_layers / p.pp
+    modules = blocks * (7 if model.mlp == "swiglu" else 4)
+    fsdp = p.engine == ENGINE_CODES.index("fsdp")
+    collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
     ar = comm.all_reduce_time_s(grads_b, p.dp, p.tp, gpn, gpu, buckets, net)
     rs = comm.reduce_scatter_time_s(grads_b, p.dp, p.tp, gpn, gpu, collectives, net)
     ag = comm.all_gather_time_s(params_b, p.dp, p.tp, gpn, gpu, collectives, net)
     ga = p.grad_accum
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
-        [ar, np.maximum(0.0, rs - bwd) + ag, ga * np.maximum(0.0, rs - bwd) + ag],
+        [
+            ar,
+            np.maximum(0.0, rs - bwd) + ag,
+            ga * np.maximum(0.0, rs - bwd) + np.where(fsdp, np.maximum(0.0, ag - fwd), ag),
+        ],
         ga * np.maximum(0.0, 2 * ag + rs - (fwd + bwd)),
     )
     shard = psi / np.where(p.zero_stage >= 1, p.dp, 1)

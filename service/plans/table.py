@@ -11,10 +11,11 @@ from typing import get_args
 
 import numpy as np
 
-from service.spec.plan import Plan, Precision, Recompute
+from service.spec.plan import Engine, Plan, Precision, Recompute
 
 RECOMPUTE_CODES: tuple[str, ...] = get_args(Recompute)  # ("none", "selective", "full")
 PRECISION_CODES: tuple[str, ...] = get_args(Precision)  # ("bf16", "fp16", "fp32")
+ENGINE_CODES: tuple[str, ...] = get_args(Engine)  # ("deepspeed", "fsdp", "megatron")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class PlanTable:
     sequence_parallel: np.ndarray
     precision: np.ndarray
     virtual_stages: np.ndarray  # interleaved 1F1B chunks per stage (1 = plain 1F1B)
+    engine: np.ndarray  # index into ENGINE_CODES
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -42,9 +44,10 @@ class PlanTable:
         """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` defaults
         to 1 (plain 1F1B)."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
-        ints.add("virtual_stages")
-        if "virtual_stages" not in cols:
-            cols["virtual_stages"] = np.ones(len(np.asarray(cols["dp"])), dtype=np.int64)
+        ints |= {"virtual_stages", "engine"}
+        n = len(np.asarray(cols["dp"]))
+        cols.setdefault("virtual_stages", np.ones(n, dtype=np.int64))
+        cols.setdefault("engine", np.zeros(n, dtype=np.int64))  # deepspeed
         return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
 
     @classmethod
@@ -57,6 +60,8 @@ class PlanTable:
                     value = RECOMPUTE_CODES.index(value)
                 elif name == "precision":
                     value = PRECISION_CODES.index(value)
+                elif name == "engine":
+                    value = ENGINE_CODES.index(value)
                 cols[name].append(value)
         return cls.from_columns(**{k: np.asarray(v) for k, v in cols.items()})
 
@@ -68,4 +73,5 @@ class PlanTable:
         values = {f.name: getattr(self, f.name)[i].item() for f in fields(self)}
         values["recompute"] = RECOMPUTE_CODES[values["recompute"]]
         values["precision"] = PRECISION_CODES[values["precision"]]
+        values["engine"] = ENGINE_CODES[values["engine"]]
         return Plan(**values)

@@ -17,6 +17,7 @@ from service.spec.workload import Workload
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32"]
+Engine = Literal["deepspeed", "fsdp", "megatron"]
 
 
 class Plan(BaseModel):
@@ -52,6 +53,12 @@ class Plan(BaseModel):
         False, description="Shard norm/dropout activations over the TP group (Korthikanti et al.)."
     )
     precision: Precision = Field("bf16", description="Compute precision; bf16/fp16 mean mixed precision.")
+    engine: Engine = Field(
+        "deepspeed",
+        description="What runs the plan: deepspeed (the service runs it), or, scored analytically, fsdp "
+        "(PyTorch FSDP: zero_stage 2 = SHARD_GRAD_OP, 3 = FULL_SHARD) or megatron (Megatron-LM: TP×PP, "
+        "interleaved schedule, zero_stage 1 = distributed optimizer).",
+    )
 
     @model_validator(mode="after")
     def _check_self(self) -> Plan:
@@ -73,18 +80,34 @@ class Plan(BaseModel):
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
         vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        engine = "" if self.engine == "deepspeed" else f"{self.engine}:"
         return (
-            f"dp{self.dp}-tp{self.tp}-pp{self.pp}{vs}-z{self.zero_stage}{off}-mb{self.micro_batch}"
+            f"{engine}dp{self.dp}-tp{self.tp}-pp{self.pp}{vs}-z{self.zero_stage}{off}-mb{self.micro_batch}"
             f"-ga{self.grad_accum}-rc:{self.recompute[:4]}{sp}"
         )
 
 
 def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
-    """Rules that need nothing but the plan: what DeepSpeed can combine."""
+    """Rules that need nothing but the plan: what the plan's engine can combine. (The order is
+    `service/plans/enumerate.py`'s, which restates these rules on columns.)"""
     if plan.offload_params and plan.zero_stage != 3:
         return "offload_params", "parameter offload needs zero_stage 3"
     if plan.offload_optimizer and plan.zero_stage == 0:
         return "offload_optimizer", "optimizer offload needs zero_stage 1, 2 or 3"
+    engine = _ENGINE_RULES[plan.engine](plan)
+    if engine:
+        return engine
+    if plan.sequence_parallel and plan.tp == 1:
+        return "sequence_parallel", "sequence parallelism needs tp > 1"
+    if plan.virtual_stages > 1 and plan.pp == 1:
+        return "virtual_stages", "virtual_stages > 1 needs pp > 1"
+    if plan.virtual_stages > 1 and plan.engine != "megatron":
+        # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only; FSDP has no pipeline here.
+        return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
+    return None
+
+
+def _deepspeed_problem(plan: Plan) -> tuple[str, str] | None:
     if plan.pp > 1 and plan.zero_stage > 1:
         # DeepSpeed's PipelineEngine asserts ZeRO stage < 2 (deepspeed/runtime/pipe/engine.py).
         return "zero_stage", "pipeline parallelism (pp > 1) supports zero_stage 0 or 1 only"
@@ -93,14 +116,30 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "zero_stage", "tensor parallelism (tp > 1) supports zero_stage 0, 1 or 2 only"
     if plan.tp > 1 and plan.pp > 1:
         return "pp", "DeepSpeed cannot combine AutoTP (tp > 1) with its pipeline engine (pp > 1)"
-    if plan.sequence_parallel and plan.tp == 1:
-        return "sequence_parallel", "sequence parallelism needs tp > 1"
-    if plan.virtual_stages > 1:
-        if plan.pp == 1:
-            return "virtual_stages", "virtual_stages > 1 needs pp > 1"
-        # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only.
-        return "virtual_stages", "DeepSpeed's pipeline engine has no interleaved schedule; allowed: 1"
     return None
+
+
+def _fsdp_problem(plan: Plan) -> tuple[str, str] | None:
+    # FSDP's ShardingStrategy: NO_SHARD (DDP, 0), SHARD_GRAD_OP (2), FULL_SHARD (3); no optimizer-only shard.
+    if plan.zero_stage == 1:
+        return "zero_stage", "FSDP shards gradients with optimizer states; allowed: 0, 2 or 3"
+    if plan.offload_optimizer != plan.offload_params:
+        return "offload_params", "FSDP's CPUOffload moves parameters, gradients and optimizer together"
+    if plan.pp > 1:
+        return "pp", "pipeline parallelism is not modelled for fsdp plans; allowed: 1"
+    return None
+
+
+def _megatron_problem(plan: Plan) -> tuple[str, str] | None:
+    # Megatron-LM: the distributed optimizer shards optimizer states only (zero_stage 1); no offload.
+    if plan.zero_stage > 1:
+        return "zero_stage", "Megatron-LM's distributed optimizer is zero_stage 1; allowed: 0 or 1"
+    if plan.offload_optimizer or plan.offload_params:
+        return "offload_optimizer", "Megatron-LM does not offload to the host"
+    return None
+
+
+_ENGINE_RULES = {"deepspeed": _deepspeed_problem, "fsdp": _fsdp_problem, "megatron": _megatron_problem}
 
 
 def plan_problem(

@@ -147,7 +147,7 @@ def test_interleaved_schedule_cuts_the_bubble_by_its_virtual_stages():
 
 
 def test_deepspeed_plans_cannot_interleave():
-    with pytest.raises(ValueError, match="virtual_stages: DeepSpeed's pipeline engine has no interleaved"):
+    with pytest.raises(ValueError, match="virtual_stages: deepspeed has no interleaved pipeline schedule"):
         Plan(dp=4, pp=8, grad_accum=8, virtual_stages=2)
     with pytest.raises(ValueError, match="virtual_stages > 1 needs pp > 1"):
         Plan(dp=32, virtual_stages=2)

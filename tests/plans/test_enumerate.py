@@ -19,7 +19,7 @@ from service.plans.enumerate import (
     problem_codes,
     reason_code,
 )
-from service.plans.table import PRECISION_CODES, RECOMPUTE_CODES, PlanTable
+from service.plans.table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, check_plan, plan_problem
 
 TINY = ModelSpec(
@@ -37,6 +37,7 @@ def unchecked_plan(table: PlanTable, i: int) -> Plan:
     values = {name: getattr(table, name)[i].item() for name in Plan.model_fields}
     values["recompute"] = RECOMPUTE_CODES[values["recompute"]]
     values["precision"] = PRECISION_CODES[values["precision"]]
+    values["engine"] = ENGINE_CODES[values["engine"]]
     return Plan.model_construct(**values)
 
 

@@ -167,6 +167,7 @@ def test_space_fields_are_exactly_the_plan_fields_a_proxy_varies() -> None:
         "dp": "derived at proxy scale: proxy.num_workers / (tp·pp)",
         "precision": "the proxy's (proxy.precision)",
         "virtual_stages": "DeepSpeed's pipeline engine runs plain 1F1B only (1)",
+        "engine": "proxies run DeepSpeed, the engine the service runs",
     }
     searched = {name: f.annotation for name, f in Plan.model_fields.items() if name not in not_searched}
     assert set(ParamSpace.model_fields) == set(searched)  # (the space's own order sets its points' order)
