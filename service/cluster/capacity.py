@@ -86,8 +86,10 @@ def max_concurrent_trials(world_size: int, device: str) -> int:
     if fit < 1:
         extra = "" if device == "cuda" else " (+1 kept for trial drivers)"
         most = f"at most {cap.most:g} with autoscaling, {cap.now:g} now" if cap.autoscaled else f"{cap.now:g}"
+        # CPU workers are processes: a CPU machine's Ray can offer more logical CPUs than it has cores.
+        hint = f" (start it with `ray start --head --num-cpus={world_size + 1}`)" if device == "cpu" else ""
         raise SpecError(
             "proxy.num_workers",
-            f"a trial needs {world_size} {unit}s{extra} but the Ray cluster offers {most}",
+            f"a trial needs {world_size} {unit}s{extra} but the Ray cluster offers {most}{hint}",
         )
     return fit
