@@ -34,7 +34,7 @@ def memory_breakdown(result: RunResult, path: Path) -> Path | None:
     rows = [r for r in result.rows if r.status != "over memory"][:MAX_BARS]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(10.5, 4.8))
     x = range(len(rows))
     bottom = [0.0] * len(rows)
     for term in TERMS:
@@ -48,51 +48,69 @@ def memory_breakdown(result: RunResult, path: Path) -> Path | None:
     ax.set_xticks(list(x), [f"{r.label}\n({r.status})" for r in rows], rotation=35, ha="right", fontsize=7)
     ax.set_ylabel("GiB per GPU")
     ax.set_title("Memory per GPU by term (selected first)")
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
+def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(tokens/s, dollars) points no other point beats on both: cheaper first."""
+    front, best = [], -1.0
+    for tokens, dollars in sorted(points, key=lambda p: (p[1], -p[0])):
+        if tokens > best:
+            front.append((tokens, dollars))
+            best = tokens
+    return front
+
+
 def cost_vs_throughput(result: RunResult, path: Path) -> Path | None:
-    rows = [r for r in result.rows if r.status != "over memory"]
-    if not rows:
+    points = [(p[0], p[1], p[2]) for p in result.scatter] or [
+        (r.tokens_per_s.value, r.dollars.value, 1.0) for r in result.rows if r.status != "over memory"
+    ]
+    if not points:
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
-    xs = [r.tokens_per_s.value for r in rows]
-    ys = [r.dollars.value for r in rows]
-    ax.scatter(xs, ys, color="tab:blue", alpha=0.6, label="plans shown in the memo")
-    front, best = [], -1.0
-    for r in sorted(rows, key=lambda r: (r.dollars.value, -r.tokens_per_s.value)):
-        if r.tokens_per_s.value > best:
-            front.append(r)
-            best = r.tokens_per_s.value
+    for meets, color, label in (
+        (1.0, "tab:blue", "meets the budget"),
+        (0.0, "tab:grey", "misses the budget"),
+    ):
+        sel = [(t, d) for t, d, m in points if m == meets]
+        if sel:
+            ax.scatter(
+                [t for t, _ in sel],
+                [d for _, d in sel],
+                s=10,
+                alpha=0.5,
+                color=color,
+                label=f"plans that fit in memory, {label}",
+            )
+    front = _front([(t, d) for t, d, _ in points])
     ax.plot(
-        [r.tokens_per_s.value for r in front],
-        [r.dollars.value for r in front],
+        [t for t, _ in front],
+        [d for _, d in front],
         color="tab:orange",
         marker="o",
-        label="Pareto front (cheaper or faster)",
+        label="Pareto front (no plan cheaper and faster)",
     )
-    sel = result.selected
-    if sel is not None:
+    sel_row = result.selected
+    if sel_row is not None:
+        tk, dl = sel_row.tokens_per_s, sel_row.dollars
         ax.errorbar(
-            [sel.tokens_per_s.value],
-            [sel.dollars.value],
-            xerr=[
-                [sel.tokens_per_s.value - sel.tokens_per_s.low],
-                [sel.tokens_per_s.high - sel.tokens_per_s.value],
-            ],
-            yerr=[[sel.dollars.value - sel.dollars.low], [sel.dollars.high - sel.dollars.value]],
+            [tk.value],
+            [dl.value],
+            xerr=[[tk.value - tk.low], [tk.high - tk.value]],
+            yerr=[[dl.value - dl.low], [dl.high - dl.value]],
             fmt="*",
             color="red",
             markersize=14,
-            label=f"selected {sel.label}",
+            label=f"selected {sel_row.label} (80 %)",
         )
     budget = result.budget.get("max_dollars")
     if budget:
         ax.axhline(budget, color="red", linestyle="--", label=f"max_dollars ${budget:,.0f}")
+    ax.set_yscale("log")
     ax.set_xlabel("tokens/s (whole cluster)")
-    ax.set_ylabel("dollars (interruptions included)")
-    ax.set_title("Cost against throughput")
+    ax.set_ylabel("dollars, interruptions included (log)")
+    ax.set_title("Cost against throughput, every plan that fits in memory")
     ax.legend(fontsize=7)
     return _save(fig, path)
 

@@ -20,8 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from service.run import calibration as cal
-from service.run.decide import Scored, best_cluster, score, sensitivity
+from service.run.decide import FEASIBLE, Scored, best_cluster, score, sensitivity
 from service.run.goodput import checkpoint_bytes, goodput_record
 from service.run.proxies import run_proxies
 from service.run.result import Alternative, ProxyTrial, RunResult
@@ -168,6 +170,7 @@ class Run:
             binding_constraint=main.selection.binding,
             plans_ranked=len(main.est),
             rows=rows,
+            scatter=_scatter(main),
             proxy_design=proxy_info,
             proxies=proxies,
             calibration={**cal_info, "source": source},
@@ -227,6 +230,15 @@ class Run:
         plan = selected.plan
         ckpt = checkpoint_bytes(self.spec.model, plan["precision"])
         return goodput_record(selected.hours_no_failures, main.cluster.num_gpus, ckpt, self.spec.goodput)
+
+
+def _scatter(s: Scored) -> list[list[float]]:
+    fits = np.flatnonzero(s.est.fits.astype(bool))
+    meets = np.isin(s.selection.status[fits], FEASIBLE)
+    return [
+        [float(s.est.tokens_per_s[r]), float(s.est.dollars[r]), float(m)]
+        for r, m in zip(fits, meets, strict=True)
+    ]
 
 
 def _cluster_info(s: Scored) -> dict[str, Any]:

@@ -162,6 +162,8 @@ class RunResult(BaseModel):
     binding_constraint: str | None = None
     plans_ranked: int = 0
     rows: list[PlanRow] = Field(default_factory=list)  # selected, runners-up, validated, pareto front
+    # every plan that fits in memory: [tokens/s, dollars, meets the budget (1/0)], for the cost chart
+    scatter: list[list[float]] = Field(default_factory=list)
     proxy_design: dict[str, Any] = Field(default_factory=dict)
     proxies: list[ProxyTrial] = Field(default_factory=list)
     calibration: dict[str, Any] = Field(default_factory=dict)
