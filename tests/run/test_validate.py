@@ -1,0 +1,62 @@
+"""What `run` validates and how it shapes the proxies (fast, no Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from service.run.decide import score
+from service.run.validate import FAMILIES, choose, cpu_proxy, design_proxy, families_of, proxy_plan_for
+from service.spec import Plan, load_experiment
+from service.spec.params import ModelParams
+from service.train.proxy_scale import proxy_plan_problem
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENT = load_experiment(REPO / "experiments" / "llama2-13b-32xh100.yaml")
+
+
+def test_cpu_proxy_of_13b_is_narrow_short_and_keeps_heads() -> None:
+    proxy = cpu_proxy(EXPERIMENT)
+    assert proxy.device == "cpu" and proxy.num_workers == 2 and proxy.precision == "fp32"
+    hidden = EXPERIMENT.model.hidden_size // proxy.hidden_scale
+    assert hidden <= 256 and hidden % EXPERIMENT.model.num_attention_heads == 0
+    assert proxy.seq_len == 256 and proxy.vocab_size == EXPERIMENT.model.vocab_size // proxy.hidden_scale
+    exp, info = design_proxy(EXPERIMENT, "cuda")  # the experiment asks for a CUDA proxy: kept as is
+    assert exp.proxy == EXPERIMENT.proxy and info["device"] == "cuda"
+    tiny = load_experiment(REPO / "experiments" / "tiny-cpu.yaml")
+    assert cpu_proxy(tiny) == tiny.proxy  # already a CPU proxy
+
+
+def test_proxy_plan_keeps_the_structure_on_two_workers() -> None:
+    exp, _ = design_proxy(EXPERIMENT, "cpu")
+    plan = Plan(
+        dp=16, tp=2, zero_stage=1, micro_batch=2, grad_accum=16, recompute="full", sequence_parallel=True
+    )
+    proxy = proxy_plan_for(plan, exp)
+    assert (proxy.dp, proxy.tp, proxy.pp) == (1, 2, 1)  # tp kept on the 2 workers
+    assert (proxy.zero_stage, proxy.micro_batch, proxy.recompute) == (1, 2, "full")
+    assert proxy.grad_accum == 2 and not proxy.sequence_parallel and proxy.precision == "fp32"
+    pp = proxy_plan_for(Plan(dp=16, pp=2, zero_stage=1, micro_batch=1, grad_accum=8), exp)
+    assert (pp.dp, pp.tp, pp.pp, pp.grad_accum) == (1, 1, 2, 4)
+    assert proxy_plan_problem(exp, pp) is None
+
+
+def test_choice_covers_the_families_with_distinct_runnable_proxies() -> None:
+    exp, _ = design_proxy(EXPERIMENT, "cpu")
+    s = score(
+        EXPERIMENT.model,
+        EXPERIMENT.cluster,
+        EXPERIMENT.workload,
+        EXPERIMENT.budget,
+        ModelParams(),
+        EXPERIMENT.goodput,
+    )
+    order = [(int(r), s.plans.row(int(r))) for r in s.selection.order]
+    choices, _ = choose(order, exp, 4)
+    assert len(choices) == 4
+    assert choices[0].plan == s.plans.row(s.selection.selected)  # the prior's choice comes first
+    assert len({c.proxy_plan.short() for c in choices}) == 4
+    assert all(proxy_plan_problem(exp, c.proxy_plan) is None for c in choices)
+    covered = {f for c in choices for f in families_of(c.plan)}
+    assert {"DP + ZeRO-3", "TP in node + ZeRO-1/2", "pipeline", "recompute"} <= covered
+    more, _ = choose(order, exp, len(FAMILIES) + 3)
+    assert {f for c in more for f in families_of(c.plan)} == {name for name, _ in FAMILIES}
