@@ -42,16 +42,16 @@ def default_out_dir(experiment: ExperimentSpec) -> Path:
     return repo_root() / "ray_results" / "run" / experiment.name
 
 
-def detect_device() -> tuple[str, str]:
-    """("cuda", device name) when a CUDA GPU is here, else ("cpu", "")."""
+def detect_device() -> tuple[str, str, int]:
+    """("cuda", device name, GPUs) when a CUDA GPU is here, else ("cpu", "", 0)."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            return "cuda", str(torch.cuda.get_device_name(0))
+            return "cuda", str(torch.cuda.get_device_name(0)), int(torch.cuda.device_count())
     except ImportError:
         pass
-    return "cpu", ""
+    return "cpu", "", 0
 
 
 def same_device(proxy_device: str, catalog_name: str, device_name: str) -> bool:
@@ -112,7 +112,11 @@ class Run:
         self.out_dir = Path(storage_path or default_out_dir(self.spec)).resolve()
         self.max_proxies = max_proxies if run_proxies else 0
         self.proxy_steps = proxy_steps
-        self.device, self.device_name = (device, "") if device else detect_device()
+        if device not in (None, "cpu", "cuda"):
+            raise SpecError("device", f"unknown device {device!r}; allowed: cpu, cuda")
+        self.device, self.device_name, self.devices = detect_device()
+        if device is not None and device != self.device:
+            self.device, self.device_name, self.devices = device, "", 0
         self.progress = progress
 
     # -- the pipeline ------------------------------------------------------------------------------
@@ -121,7 +125,7 @@ class Run:
         spec, prior = self.spec, self.params
         self.out_dir.mkdir(parents=True, exist_ok=True)
         prior_scored = score(spec.model, spec.cluster, spec.workload, spec.budget, prior, spec.goodput)
-        proxy_exp, proxy_info = design_proxy(spec, self.device)
+        proxy_exp, proxy_info = design_proxy(spec, self.device, self.devices or None)
         on_gpu = same_device(proxy_info["device"], spec.cluster.gpu.name, self.device_name)
         proxy_info.update(time_terms_for(proxy_info, on_gpu))
         order = [(int(r), prior_scored.plans.row(int(r))) for r in prior_scored.selection.order]

@@ -92,14 +92,18 @@ def cpu_proxy(experiment: ExperimentSpec) -> ProxySpec:
     )
 
 
-def design_proxy(experiment: ExperimentSpec, device: str) -> tuple[ExperimentSpec, dict[str, Any]]:
+def design_proxy(
+    experiment: ExperimentSpec, device: str, devices: int | None = None
+) -> tuple[ExperimentSpec, dict[str, Any]]:
     """(the experiment with the proxy that will run, a description for the memo).
 
-    `device`: "cuda" when a GPU of the production type is here and the experiment asks for one;
-    anything else runs the CPU proxy.
+    `device`: "cuda" when a GPU is here and the experiment asks for a CUDA proxy; anything else runs
+    the CPU proxy. `devices`: GPUs here; a CUDA proxy asking for more workers gets this many.
     """
     on_gpu = device == "cuda" and experiment.proxy.device == "cuda"
     proxy = experiment.proxy if on_gpu else cpu_proxy(experiment)
+    if on_gpu and devices and proxy.num_workers > devices:
+        proxy = proxy.model_copy(update={"num_workers": devices})
     exp = experiment.model_copy(update={"proxy": proxy})
     model = experiment.model.scaled(num_layers=proxy.num_layers, hidden_scale=proxy.hidden_scale)
     info = {

@@ -22,6 +22,8 @@ def test_cpu_proxy_of_13b_is_narrow_short_and_keeps_heads() -> None:
     assert proxy.seq_len == 256 and proxy.vocab_size == EXPERIMENT.model.vocab_size // proxy.hidden_scale
     exp, info = design_proxy(EXPERIMENT, "cuda")  # the experiment asks for a CUDA proxy: kept as is
     assert exp.proxy == EXPERIMENT.proxy and info["device"] == "cuda"
+    one, _ = design_proxy(EXPERIMENT, "cuda", devices=1)  # a one-GPU machine: one worker per trial
+    assert one.proxy.num_workers == 1 and one.proxy.num_layers == EXPERIMENT.proxy.num_layers
     tiny = load_experiment(REPO / "experiments" / "tiny-cpu.yaml")
     assert cpu_proxy(tiny) == tiny.proxy  # already a CPU proxy
 
