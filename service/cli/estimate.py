@@ -23,6 +23,8 @@ FLAGS = {
     "sequence_parallel": "--sequence-parallel",
     "micro_batch": "--micro-batch",
     "grad_accum": "--grad-accum",
+    "virtual_stages": "--virtual-stages",
+    "engine": "--engine",
 }
 
 
@@ -45,6 +47,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node (default 8).")
     a("--tp", type=_positive_int, default=1, help="Tensor-parallel degree.")
     a("--pp", type=_positive_int, default=1, help="Pipeline-parallel stages.")
+    a(
+        "--engine",
+        choices=("deepspeed", "fsdp", "megatron"),
+        default="deepspeed",
+        help="What runs the plan: deepspeed (default; the service runs it), or fsdp / megatron, scored "
+        "analytically under their own rules.",
+    )
+    a(
+        "--virtual-stages",
+        type=_positive_int,
+        default=1,
+        help="Interleaved 1F1B model chunks per pipeline stage (megatron only; default 1).",
+    )
     a("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage.")
     a("--offload-optimizer", action="store_true", help="Optimizer states and step on CPU (ZeRO 1-3).")
     a("--offload-params", action="store_true", help="Parameters on CPU between uses (ZeRO 3).")
@@ -129,6 +144,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
         micro_batch=args.micro_batch, grad_accum=args.grad_accum, recompute=args.recompute,
         sequence_parallel=args.sequence_parallel, precision=args.precision,
+        virtual_stages=args.virtual_stages, engine=args.engine,
     )  # fmt: skip
     if not 0 <= args.headroom < 1:
         raise SpecError("--headroom", f"must be in [0, 1), got {args.headroom}")

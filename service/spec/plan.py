@@ -115,7 +115,8 @@ def _deepspeed_problem(plan: Plan) -> tuple[str, str] | None:
         # AutoTP training composes with ZeRO 0-2 (DeepSpeed AutoTP training tutorial).
         return "zero_stage", "tensor parallelism (tp > 1) supports zero_stage 0, 1 or 2 only"
     if plan.tp > 1 and plan.pp > 1:
-        return "pp", "DeepSpeed cannot combine AutoTP (tp > 1) with its pipeline engine (pp > 1)"
+        message = "DeepSpeed cannot combine AutoTP (tp > 1) with its pipeline engine (pp > 1)"
+        return "pp", message + "; engine megatron can"
     return None
 
 

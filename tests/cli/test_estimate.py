@@ -148,3 +148,16 @@ def test_estimate_subprocess_is_light_and_fast():
     # (torch alone takes seconds), since timings on 2 shared cores are not behaviour.
     assert seen["start_s"] < 3.0
     assert wall_s < 10.0
+
+
+def test_engine_and_virtual_stages_flags(capsys):
+    flags = ["--model", "gpt3-175b", "--gpu", "a100-sxm-80gb", "--gpus", "64", "--tp", "8", "--pp", "8"]
+    flags += ["--zero", "1", "--grad-accum", "64", "--seq-len", "2048", "--recompute", "full"]
+    plain = run_json(capsys, *flags, "--engine", "megatron")
+    inter = run_json(capsys, *flags, "--engine", "megatron", "--virtual-stages", "3")
+    assert inter["plan"]["engine"] == "megatron" and inter["label"].startswith("megatron:dp1-tp8-pp8v3")
+    assert inter["time_breakdown_s"]["bubble"] < plain["time_breakdown_s"]["bubble"] / 2
+    # DeepSpeed (the default engine) cannot run the same layout: one line, naming the flag.
+    assert main(["estimate", *flags]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--pp" in err and "engine megatron can" in err
