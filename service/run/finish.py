@@ -82,7 +82,6 @@ def risks(result: RunResult) -> list[str]:
 
 def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]:
     gp = spec.goodput
-    params = result.calibration.get("params") or {}
     return [
         {
             "what": "memory and time formulas",
@@ -95,7 +94,7 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
             "source": spec.cluster.gpu.source or "GPU catalog",
         },
         {"what": "time terms (parameter set)", "source": _summary(result.calibration.get("prior"))},
-        {"what": "memory terms", "source": _summary(params) if params else "analytical prior"},
+        {"what": "memory terms", "source": _memory_source(result.calibration)},
         {
             "what": "price per GPU-hour",
             "source": f"${spec.cluster.price_usd_per_gpu_hour:g} (the experiment)",
@@ -116,6 +115,16 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
         {"what": "checkpoint interval", "source": "Young 1974 / Daly 2006: sqrt(2 · write time · MTBF)"},
         {"what": "proxies", "source": str(result.proxy_design.get("why", ""))},
     ]
+
+
+def _memory_source(cal: dict[str, Any]) -> str:
+    if cal.get("status") != "calibrated":
+        return f"analytical prior ({cal.get('status')})"
+    after = cal.get("after", {}).get("activation_memory_scale")
+    return (
+        f"activation_memory_scale = {after:.4f} fitted on {cal.get('runs')} proxies ({cal.get('source')}); "
+        "memory interval: the rule under Extrapolation distance"
+    )
 
 
 def _summary(s: dict[str, Any] | None) -> str:
