@@ -9,6 +9,7 @@ up front, in one line, instead of pending forever.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from service.spec.errors import SpecError
 
 CONFIG_ENV = "SERVICE_AUTOSCALING_CONFIG"
+MAX_ENV = "SERVICE_CLUSTER_MAX_RESOURCES"  # JSON, e.g. {"GPU": 36}: set where no autoscaler YAML is at hand
 BOOTSTRAP_CONFIG = "~/ray_bootstrap_config.yaml"  # where `ray up` leaves the config on the head
 
 
@@ -59,7 +61,8 @@ def _autoscaler_config() -> dict[str, Any] | None:
 def capacity(unit: str) -> Capacity:
     """Reads the connected cluster (ray.init first). Its maximum comes from the cluster config in the
     GCS where the autoscaler reports one (the call Ray Train makes before placing workers), else
-    from the autoscaler's YAML: $SERVICE_AUTOSCALING_CONFIG, or the one `ray up` leaves on the head."""
+    $SERVICE_CLUSTER_MAX_RESOURCES, else the autoscaler's YAML: $SERVICE_AUTOSCALING_CONFIG, or the
+    one `ray up` leaves on the head."""
     import ray
     from ray._private.state import state
 
@@ -70,6 +73,9 @@ def capacity(unit: str) -> Capacity:
         reported = None
     if reported:
         return Capacity(unit, now, max(now, float(reported.get(unit, 0))), autoscaled=True)
+    if os.environ.get(MAX_ENV):  # e.g. KubeRay, whose node groups live in the RayCluster resource
+        declared = json.loads(os.environ[MAX_ENV])
+        return Capacity(unit, now, max(now, float(declared.get(unit, 0))), autoscaled=True)
     config = _autoscaler_config()
     if config is None:
         return Capacity(unit, now, now, autoscaled=False)

@@ -16,6 +16,8 @@ import pytest
 import yaml
 from manifest_checks import ROOT, missing_paths, open_to_all, unknown_commands, walk
 
+from service.spec.errors import SpecError
+
 TEXT = (ROOT / "deploy/kuberay/rayjob.yaml").read_text()
 DOCS = list(yaml.safe_load_all(TEXT))
 JOB = next(d for d in DOCS if d["kind"] == "RayJob")
@@ -80,6 +82,29 @@ def test_shared_storage_on_every_pod():
     env = yaml.safe_load(JOB["spec"]["runtimeEnvYAML"])["env_vars"]
     assert env["SERVICE_SEARCH_DIR"].startswith("/mnt/shared/")
     assert env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
+
+
+def test_declared_maximum_matches_the_worker_groups():
+    env = yaml.safe_load(JOB["spec"]["runtimeEnvYAML"])["env_vars"]
+    most = 0
+    for group in CLUSTER["workerGroupSpecs"]:
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        most += group["maxReplicas"] * int(limits["nvidia.com/gpu"])
+    assert json.loads(env["SERVICE_CLUSTER_MAX_RESOURCES"]) == {"GPU": most}
+
+
+def test_capacity_reads_the_declared_maximum(monkeypatch):
+    import ray
+
+    from service.cluster import capacity
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})  # the head alone, no GPU yet
+    declared = yaml.safe_load(JOB["spec"]["runtimeEnvYAML"])["env_vars"][capacity.MAX_ENV]
+    monkeypatch.setenv(capacity.MAX_ENV, declared)
+    assert capacity.capacity("GPU") == capacity.Capacity("GPU", 0.0, 36.0, autoscaled=True)
+    assert capacity.max_concurrent_trials(8, "cuda") == 4
+    with pytest.raises(SpecError, match="offers at most 36 with autoscaling, 0 now"):
+        capacity.max_concurrent_trials(64, "cuda")
 
 
 def test_security_points():
