@@ -148,14 +148,12 @@ def _times(
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
-    # Selective recompute re-runs each block's attention sub-block (projections and attention core), as
-    # the proxies checkpoint it; Megatron-LM's re-runs only the core attention (QKᵀ, softmax, dropout,
-    # ·V: Korthikanti et al. 2022, §5), the memory-heavy but cheap part.
-    megatron = p.engine == ENGINE_CODES.index("megatron")
-    attention_projections = compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers
-    selective = attention + np.where(megatron, 0.0, attention_projections)
+    # Selective recompute re-runs each block's attention sub-block (projections and attention core).
+    attention_block = (
+        compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers + attention
+    )
     recompute = np.select(
-        [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, selective], 0.0
+        [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, attention_block], 0.0
     )
 
     # Tensor parallel: 2 all-reduces of the block's activations in forward, 2 in backward, 2 more when
