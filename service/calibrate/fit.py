@@ -134,9 +134,16 @@ def fit(
         diff_step=1e-3,
         max_nfev=max_evaluations,
     )
-    sources = sorted({r.source for r in used})
+    # What the set was fit on accumulates: a memory fit on proxies over the published set's time terms
+    # was fit on both.
+    sources = sorted({r.source for r in used} | set(prior.fit_on))
     params = params_at(result.x).model_copy(
-        update={"name": name, "fit_on": sources, "fit_runs": len(used), "version": prior.version}
+        update={
+            "name": name,
+            "fit_on": sources,
+            "fit_runs": prior.fit_runs + len(used),
+            "version": prior.version,
+        }
     )
     log_res = np.log(measured / predict(used, params))
     at = {k: v for k, v in params.at_bounds().items() if k in names}

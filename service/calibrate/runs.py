@@ -241,7 +241,12 @@ class MeasuredRun(BaseModel):
     workload: Workload
     plan: Plan
     tokens_per_s_per_gpu: float | None = Field(None, gt=0, description="Measured tokens/s per GPU.")
-    activations_bytes: float | None = Field(None, gt=0, description="Measured saved activations per GPU.")
+    activations_bytes: float | None = Field(
+        None,
+        gt=0,
+        description="Measured saved activations per GPU, as the cost model's `activations` term counts "
+        "them: logits excluded (subtract them from a meter that counts them).",
+    )
     model_state_bytes: float | None = Field(
         None, gt=0, description="Measured params+grads+optimizer per GPU."
     )
