@@ -76,7 +76,10 @@ def mlflow_server(
     if artifacts_destination is not None and serve_artifacts:
         cmd += ["--artifacts-destination", str(artifacts_destination)]
     log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # MLflow 3's server also starts a job runner (scheduled scoring, trace archival) on the same store;
+    # we use none of it, and with a sqlite store a job searches that stall for minutes were seen with it.
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         _wait_healthy(url, proc, timeout_s)
         yield url
