@@ -77,7 +77,7 @@ def mlflow_server(
         cmd += ["--artifacts-destination", str(artifacts_destination)]
     log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     # MLflow 3's server also starts a job runner (scheduled scoring, trace archival) on the same store;
-    # we use none of it, and with a sqlite store a job searches that stall for minutes were seen with it.
+    # we use none of it, and with it and a sqlite store, searches run as jobs were seen to stall for minutes.
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
