@@ -23,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _from_mlflow(run_id: str) -> Path:
+    import logging
+
+    # A fresh sqlite store logs its schema migration at INFO; a bad id must still be one line.
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -33,7 +38,8 @@ def _from_mlflow(run_id: str) -> Path:
     try:
         MlflowClient(uri).get_run(run_id)
     except Exception as err:
-        raise SpecError("source", f"{run_id} is neither a run folder nor a run in {uri}: {err}") from None
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SpecError("source", f"{run_id} is neither a run folder nor a run in {uri}: {reason}") from None
     folder = Path(tempfile.mkdtemp(prefix="report-"))
     mlflow.artifacts.download_artifacts(
         run_id=run_id, artifact_path=f"run/{RESULT_FILE}", dst_path=str(folder), tracking_uri=uri
