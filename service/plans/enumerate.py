@@ -33,7 +33,6 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("offload_optimizer with zero_stage 0", "offload_optimizer", "optimizer offload needs zero_stage"),
     ("zero_stage > 1 with pp > 1", "zero_stage", "pipeline parallelism"),
     ("zero_stage 3 with tp > 1", "zero_stage", "tensor parallelism"),
-    ("tp > 1 with pp > 1", "pp", "cannot combine AutoTP"),
     ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
     ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
@@ -43,9 +42,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("global batch does not split", "grad_accum", "but the global batch is"),
 )
 VALID = 0
-# Codes 1-6 are about combining choices (what DeepSpeed supports), never about the model, cluster or
+# Codes 1-5 are about combining choices (what DeepSpeed supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:7])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:6])
 DEFAULT_MAX_MICRO_BATCH = 64
 
 
@@ -142,7 +141,6 @@ def problem_codes(
         p.offload_optimizer & (p.zero_stage == 0),
         (p.pp > 1) & (p.zero_stage > 1),
         (p.tp > 1) & (p.zero_stage == 3),
-        (p.tp > 1) & (p.pp > 1),
         p.sequence_parallel & (p.tp == 1),
         model.num_attention_heads % p.tp != 0,
         model.kv_heads % p.tp != 0,

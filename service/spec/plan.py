@@ -114,9 +114,10 @@ def _deepspeed_problem(plan: Plan) -> tuple[str, str] | None:
     if plan.tp > 1 and plan.zero_stage == 3:
         # AutoTP training composes with ZeRO 0-2 (DeepSpeed AutoTP training tutorial).
         return "zero_stage", "tensor parallelism (tp > 1) supports zero_stage 0, 1 or 2 only"
-    if plan.tp > 1 and plan.pp > 1:
-        message = "DeepSpeed cannot combine AutoTP (tp > 1) with its pipeline engine (pp > 1)"
-        return "pp", message + "; engine megatron can"
+    # tp > 1 with pp > 1 runs as Megatron-DeepSpeed runs it: Megatron tensor-parallel layers inside
+    # DeepSpeed's PipelineModule, laid out by PipeModelDataParallelTopology (deepspeed/runtime/pipe/
+    # topology.py), ZeRO-1 across dp (microsoft/Megatron-DeepSpeed, megatron/model/gpt_model.py
+    # GPTModelPipe); the pipeline rule above already holds it to zero_stage 0 or 1.
     return None
 
 

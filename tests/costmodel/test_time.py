@@ -178,5 +178,6 @@ def test_each_engine_has_its_own_rules():
         Plan(dp=8, zero_stage=1, engine="fsdp")
     with pytest.raises(ValueError, match="zero_stage: Megatron-LM's distributed optimizer is zero_stage 1"):
         Plan(dp=8, zero_stage=3, engine="megatron")
-    with pytest.raises(ValueError, match="pp: DeepSpeed cannot combine AutoTP"):
-        Plan(dp=2, tp=8, pp=4, zero_stage=1)
+    assert Plan(dp=2, tp=8, pp=4, zero_stage=1).num_gpus == 64  # Megatron-DeepSpeed's 3D layout
+    with pytest.raises(ValueError, match="zero_stage: pipeline parallelism"):
+        Plan(dp=2, tp=8, pp=4, zero_stage=2)
