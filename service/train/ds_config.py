@@ -1,10 +1,12 @@
 """Plan → DeepSpeed JSON config: the one function that decides how DeepSpeed runs a plan.
 
 Keys follow DeepSpeed's config reference (https://www.deepspeed.ai/docs/config-json/) for the installed
-0.19.8: `zero_optimization` (stage, offload_optimizer, offload_param), `tensor_parallel.autotp_size`
-(AutoTP training), `bf16` / `fp16`, `gradient_clipping`, `activation_checkpointing`.
-Pipeline parallelism is not a config key: the worker wraps the model in `deepspeed.pipe.PipelineModule`
-with `num_stages=plan.pp`; the config only carries the batch split the pipeline engine reads.
+0.19.8: `zero_optimization` (stage, offload_optimizer, offload_param), `bf16` / `fp16`,
+`gradient_clipping`, `activation_checkpointing`, `pipeline`.
+Tensor and pipeline parallelism are not config keys: the worker builds Megatron-style tensor-parallel
+layers (service.train.tensor_parallel) and, with pp > 1, a `deepspeed.pipe.PipelineModule`, and hands
+DeepSpeed their topology as `mpu`; the config carries the batch split, which DeepSpeed checks against
+the data-parallel size it reads from that `mpu`.
 """
 
 from __future__ import annotations
@@ -80,8 +82,7 @@ def deepspeed_config(
         bf16_supported: whether the device can compute in bf16 (a CUDA worker passes
             `torch.cuda.is_bf16_supported()`); a bf16 plan falls back to fp16 when it cannot.
 
-    `train_batch_size` = micro_batch · grad_accum · dp: DeepSpeed checks this identity at start-up
-    (except with AutoTP, see below).
+    `train_batch_size` = micro_batch · grad_accum · dp: DeepSpeed checks this identity at start-up.
     Activation checkpointing for `full`/`selective` is applied to the model by the worker
     (service.train.model); the `activation_checkpointing` section configures DeepSpeed's own
     checkpoint function, which the pipeline engine uses.
@@ -104,13 +105,12 @@ def deepspeed_config(
     if plan.zero_stage > 0 and precision == "fp32":
         # ZeRO 1-2 refuse an fp32 model with a "client optimizer" check unless this is set.
         config["zero_allow_untested_optimizer"] = True
-    if plan.tp > 1:
-        # DeepSpeed checks train_batch_size against the *world* size before AutoTP forms its
-        # data-parallel groups, so with tp > 1 it is left for DeepSpeed to derive (as in its AutoTP
-        # tutorial); the data loader still shards by the data-parallel rank.
-        config["tensor_parallel"] = {"autotp_size": plan.tp}
-    else:
-        config["train_batch_size"] = plan.micro_batch * plan.grad_accum * plan.dp
+    config["train_batch_size"] = plan.micro_batch * plan.grad_accum * plan.dp
+    if plan.pp > 1 and plan.tp > 1 and plan.sequence_parallel:
+        # The pipeline engine sends 1/tp of each activation per TP rank and all-gathers it on the next
+        # stage (`pipe_partitioned`, `grad_partitioned`), which assumes the TP ranks hold the same
+        # tensor; with sequence parallelism each holds its own chunk of the sequence and sends it whole.
+        config["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     if plan.recompute != "none":
         config["activation_checkpointing"] = {
             "partition_activations": False,

@@ -1,5 +1,9 @@
 """The proxy model: a `transformers` LlamaForCausalLM built from a `ModelSpec` (random weights, no download),
-with activation checkpointing applied, or the same layers as a `deepspeed.pipe.PipelineModule` when pp > 1.
+with activation checkpointing applied; with tp > 1 or pp > 1 the same layers as pipeline stages (embedding,
+decoder layers, head), tensor-parallel when tp > 1 (`service.train.tensor_parallel`, Megatron-style,
+optionally sequence-parallel), run as a `deepspeed.pipe.PipelineModule` when pp > 1 and as a plain stack
+of the stages when pp = 1. `build_model` returns the model and the DeepSpeed `mpu` (a
+`PipelineParallelGrid` over a pipe × data × model topology) that tells DeepSpeed its groups.
 
 Recompute modes (Plan.recompute):
 - `full`: every decoder layer is checkpointed (only its input is kept; the whole layer is recomputed in
@@ -20,6 +24,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from service.spec.model import ModelSpec
+from service.spec.plan import Plan
+from service.train import tensor_parallel as tpl
 
 ATTN_IMPLEMENTATION = "sdpa"  # fused attention on CPU and CUDA; causal without an explicit mask
 
@@ -96,27 +102,33 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 class _Embed(torch.nn.Module):
-    """Pipeline stage head: the token embedding."""
+    """Pipeline stage head: the token embedding (whole on every TP rank, as the cost model counts it);
+    with sequence parallelism it hands on this rank's chunk of the sequence."""
 
-    def __init__(self, lm: torch.nn.Module):
+    def __init__(self, lm: torch.nn.Module, sp_group: Any = None):
         super().__init__()
         self.embed_tokens: torch.nn.Module = lm.model.embed_tokens  # type: ignore[union-attr,assignment]
+        self.sp_group = sp_group
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        hidden = self.embed_tokens(input_ids)
+        return hidden if self.sp_group is None else tpl.scatter_to_sequence_region(hidden, self.sp_group)
 
 
 class _Layer(torch.nn.Module):
     """One decoder layer; it recomputes the rotary tables (no parameters, a few µs) so that stages pass
-    only the hidden state, the one tensor the pipeline engine needs a gradient for."""
+    only the hidden state, the one tensor the pipeline engine needs a gradient for. With sequence
+    parallelism over `seq_shards` ranks the hidden state is a chunk of the sequence; the tables cover
+    the whole sequence, which the attention sees after its column-parallel projections gather it."""
 
-    def __init__(self, lm: torch.nn.Module, index: int):
+    def __init__(self, lm: torch.nn.Module, index: int, seq_shards: int = 1):
         super().__init__()
         self.layer: torch.nn.Module = lm.model.layers[index]  # type: ignore[union-attr,index,assignment]
         self.rotary_emb: torch.nn.Module = lm.model.rotary_emb  # type: ignore[union-attr,assignment]
+        self.seq_shards = seq_shards
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        positions = torch.arange(hidden.shape[1] * self.seq_shards, device=hidden.device).unsqueeze(0)
         cos, sin = self.rotary_emb(hidden, positions)
         return self.layer(hidden, position_embeddings=(cos, sin))
 
@@ -133,35 +145,122 @@ class _Head(torch.nn.Module):
         return self.lm_head(self.norm(hidden))
 
 
-def build_pipeline(spec: ModelSpec, seed: int, pp: int, recompute: str, dtype: torch.dtype) -> Any:
-    """The causal LM as a `deepspeed.pipe.PipelineModule` of `pp` stages, split evenly by layer.
+class _Stack(torch.nn.Module):
+    """The stages in one module (pp = 1 with tp > 1): `forward(input_ids)` returns the logits; `full`
+    recompute checkpoints every decoder layer (reentrant, so the meter sees what it keeps)."""
 
-    The full model is built on every rank with the same seed (so the weights equal a pp=1 run's) and
-    each stage keeps only its own layers. `full` recompute is DeepSpeed's per-layer checkpointing
-    (`activation_checkpoint_interval=1`, reentrant); `selective` wraps each layer's attention as above.
-    Embedding and lm_head are separate matrices on the first and last stage (untied); a tied model
-    would need a `TiedLayerSpec`, which this proxy does not build.
+    def __init__(self, stages: list[torch.nn.Module], recompute_full: bool):
+        super().__init__()
+        self.stages = torch.nn.ModuleList(stages)
+        self.recompute_full = recompute_full
+
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
+        hidden = input_ids
+        for stage in self.stages:
+            if self.recompute_full and isinstance(stage, _Layer):
+                hidden = checkpoint(stage, hidden, use_reentrant=True)
+            else:
+                hidden = stage(hidden)
+        return hidden
+
+
+def _parallel_attention_forward(attn: Any) -> Any:
+    """Hugging Face's `LlamaAttention.forward` with the token count read from q_proj's output instead of
+    from its input (with sequence parallelism the input is a chunk of the sequence and the
+    column-parallel projections gather all of it); heads per rank follow from the sharded widths."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+
+    def forward(hidden_states, position_embeddings=None, attention_mask=None, **kwargs):  # type: ignore[no-untyped-def]
+        query = attn.q_proj(hidden_states)
+        shape = (*query.shape[:-1], -1, attn.head_dim)
+        query = query.view(shape).transpose(1, 2)
+        key = attn.k_proj(hidden_states).view(shape).transpose(1, 2)
+        value = attn.v_proj(hidden_states).view(shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            attn.config._attn_implementation, eager_attention_forward
+        )
+        out, _ = interface(
+            attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs
+        )
+        return attn.o_proj(out.reshape(*shape[:2], -1).contiguous()), None
+
+    return forward
+
+
+def apply_tensor_parallel(lm: torch.nn.Module, group: Any, sequence_parallel: bool) -> None:
+    """Shards a LlamaForCausalLM's linear layers over `group` in place, as Megatron-LM does (Shoeybi et
+    al. 2019, §3): q/k/v and gate/up column-parallel, o_proj and down_proj row-parallel, lm_head
+    column-parallel with its logits gathered (the loss is computed whole on every rank). The embedding
+    and the norms stay whole on every rank. With `sequence_parallel` the norms run on this rank's chunk
+    of the sequence and their weight gradients are summed over the group (Korthikanti et al. 2022)."""
+    col, row = tpl.ColumnParallelLinear.from_linear, tpl.RowParallelLinear.from_linear
+    sp = {"sequence_parallel": sequence_parallel}
+    for layer in lm.model.layers:  # type: ignore[union-attr]
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.q_proj, attn.k_proj, attn.v_proj = (
+            col(getattr(attn, n), group, **sp) for n in ("q_proj", "k_proj", "v_proj")
+        )
+        attn.o_proj = row(attn.o_proj, group, **sp)
+        attn.forward = _parallel_attention_forward(attn)
+        mlp.gate_proj, mlp.up_proj = col(mlp.gate_proj, group, **sp), col(mlp.up_proj, group, **sp)
+        mlp.down_proj = row(mlp.down_proj, group, **sp)
+        if sequence_parallel:
+            tpl.allreduce_sequence_parallel_grads(layer.input_layernorm, group)
+            tpl.allreduce_sequence_parallel_grads(layer.post_attention_layernorm, group)
+    lm.lm_head = col(lm.lm_head, group, gather_output=True, **sp)  # type: ignore[arg-type]
+    if sequence_parallel:
+        tpl.allreduce_sequence_parallel_grads(lm.model.norm, group)  # type: ignore[arg-type]
+
+
+def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+    """The proxy model of `plan` as stages, and the DeepSpeed `mpu` that names its groups (tp > 1 or pp > 1;
+    None for a `PipelineModule`, whose engine reads them from the module).
+
+    The full model is built on every rank with the same seed (so the weights equal a tp = pp = 1 run's);
+    each TP rank keeps its slices (`apply_tensor_parallel`) and, with pp > 1, each stage its own layers
+    (`deepspeed.pipe.PipelineModule`, split evenly by layer). The ranks form DeepSpeed's
+    `PipeModelDataParallelTopology` (axes pipe, data, model: TP peers adjacent, as Megatron-DeepSpeed
+    lays them out). `full` recompute is per-layer checkpointing (DeepSpeed's
+    `activation_checkpoint_interval=1` in a pipeline, torch's reentrant checkpoint otherwise);
+    `selective` wraps each layer's attention. Embedding and lm_head are separate matrices (untied); a tied
+    model would need a `TiedLayerSpec` and a tied TP head, which this proxy does not build.
     """
     from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
     if spec.tie_word_embeddings:
-        raise ValueError("pipeline proxies of models with tied embeddings are not supported")
+        raise ValueError(
+            "pipeline or tensor-parallel proxies of models with tied embeddings are not supported"
+        )
+    topology = PipeModelDataParallelTopology(num_pp=plan.pp, num_mp=plan.tp, num_dp=plan.dp)
+    grid = PipelineParallelGrid(topology=topology)
     lm = build_causal_lm(spec, seed, dtype)
-    if recompute == "selective":
+    sp_group = None
+    if plan.tp > 1:
+        sp_group = grid.get_slice_parallel_group() if plan.sequence_parallel else None
+        apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
+    if plan.recompute == "selective":
         apply_recompute(lm, "selective")
-    layers = [_Embed(lm), *(_Layer(lm, i) for i in range(spec.num_layers)), _Head(lm)]
-    return PipelineModule(
-        layers=layers,
-        num_stages=pp,
+    shards = plan.tp if sp_group is not None else 1
+    stages = [_Embed(lm, sp_group), *(_Layer(lm, i, shards) for i in range(spec.num_layers)), _Head(lm)]
+    if plan.pp == 1:
+        return _Stack(stages, recompute_full=plan.recompute == "full"), grid
+    pipeline = PipelineModule(
+        layers=stages,
+        topology=topology,
         loss_fn=causal_lm_loss,
         partition_method="type:_Layer",
-        activation_checkpoint_interval=1 if recompute == "full" else 0,
+        activation_checkpoint_interval=1 if plan.recompute == "full" else 0,
         checkpointable_layers=["_Layer"],
         seed_layers=False,
     )
+    return pipeline, None  # DeepSpeed takes a PipelineModule's groups from the module itself
 
 
 def forward_loss(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Loss of a (non-pipeline) causal LM on one micro-batch; labels are the inputs shifted by one."""
-    logits = model(input_ids=input_ids, use_cache=False).logits
-    return causal_lm_loss(logits, input_ids)
+    out = model(input_ids=input_ids, use_cache=False)
+    return causal_lm_loss(out if isinstance(out, torch.Tensor) else out.logits, input_ids)

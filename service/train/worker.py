@@ -27,7 +27,7 @@ from service.spec.proxy import ProxySpec
 from service.train import checkpoint, measure
 from service.train.data import ShardedLoader, token_source
 from service.train.ds_config import deepspeed_config
-from service.train.model import apply_recompute, build_causal_lm, build_pipeline, forward_loss
+from service.train.model import apply_recompute, build_causal_lm, build_model, forward_loss
 
 FAILURE_MARKER = "injected_failure.done"
 LOG_FILE = "proxy_log.jsonl"
@@ -108,21 +108,23 @@ def _device(proxy: ProxySpec) -> torch.device:
 
 
 def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str, Any]]:
-    """DeepSpeed engine for the plan: a PipelineEngine when pp > 1, else an engine around the HF model."""
+    """DeepSpeed engine for the plan: a PipelineEngine when pp > 1, an engine around the tensor-parallel
+    stages when tp > 1 (with their topology as `mpu`), else an engine around the HF model."""
     import deepspeed
 
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
     ds_config = deepspeed_config(cfg.plan, cfg.proxy, cfg.model, bf16_supported=bf16_ok)
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
     dtype = torch.float16 if ds_config["fp16"]["enabled"] else dtype
-    if cfg.plan.pp > 1:
-        model = build_pipeline(cfg.model, cfg.proxy.seed, cfg.plan.pp, cfg.plan.recompute, dtype)
+    mpu = None
+    if cfg.plan.pp > 1 or cfg.plan.tp > 1:
+        model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype)
     else:
         model = build_causal_lm(cfg.model, cfg.proxy.seed, dtype, device)
         apply_recompute(model, cfg.plan.recompute)
     model = model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config, mpu=mpu)
     return engine, ds_config
 
 

@@ -72,11 +72,20 @@ def test_precision_follows_the_device():
     assert deepspeed_config(plan, ProxySpec(device="cpu", precision="bf16"), MODEL)["bf16"]["enabled"]
 
 
-def test_tensor_parallel_uses_autotp_and_leaves_the_batch_to_deepspeed():
+def test_tensor_parallel_is_the_models_own_and_the_batch_is_checked_against_dp():
+    """TP is built into the proxy model (Megatron-style layers), not DeepSpeed AutoTP; DeepSpeed reads dp
+    from the model's topology, so the batch identity holds with dp, not the world size."""
     cfg = deepspeed_config(Plan(dp=1, tp=2, zero_stage=1, micro_batch=2, grad_accum=2), CPU, MODEL)
-    assert cfg["tensor_parallel"] == {"autotp_size": 2}
-    assert "train_batch_size" not in cfg  # DeepSpeed would check it against the world size
-    assert "tensor_parallel" not in deepspeed_config(Plan(dp=2), CPU, MODEL)
+    assert "tensor_parallel" not in cfg
+    assert cfg["train_batch_size"] == 4
+    assert "pipeline" not in cfg
+
+
+def test_sequence_parallel_pipelines_send_whole_activations():
+    sp = Plan(dp=1, tp=2, pp=2, zero_stage=1, sequence_parallel=True, micro_batch=2, grad_accum=2)
+    whole = {"pipe_partitioned": False, "grad_partitioned": False}
+    assert deepspeed_config(sp, CPU, MODEL)["pipeline"] == whole
+    assert "pipeline" not in deepspeed_config(sp.model_copy(update={"sequence_parallel": False}), CPU, MODEL)
 
 
 def test_recompute_turns_on_deepspeed_checkpointing_section():
