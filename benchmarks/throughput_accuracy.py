@@ -11,8 +11,8 @@ performance docs and IBM/PyTorch's FSDP blog. Each row becomes a `ModelSpec`, `C
   type (Kendall tau-b), which is what choosing a plan depends on;
 * the same for a constant-MFU baseline (40 % by default, FLOPs = 6N + 12·L·h·s per token).
 
-Rows whose layout DeepSpeed cannot run (`megatron_only`: tp>1 with pp>1) are scored through
-`estimate_table` on a `PlanTable` built without `Plan`'s DeepSpeed rules.
+Every row is a validated `Plan` of the engine that ran it (deepspeed, fsdp or megatron, with its
+tp, pp, cp and virtual_stages), scored through `estimate_table`.
 
 The calibrated model is scored out of sample: every source is predicted by a parameter set fit on
 the other sources only (leave-one-source-out, service/calibrate/crossval.py), with the 80 % interval
@@ -46,8 +46,6 @@ from service.calibrate.runs import (  # the runs-file schema and conversions liv
     korthikanti_eq7_flops_per_token,
     measured_run,
     measured_tokens_per_s_per_gpu,
-    megatron_only_problem,
-    megatron_plan_table,
     model_spec,
     narayanan_eq3_flops_per_token,
     workload,
@@ -78,8 +76,6 @@ __all__ = [
     "cluster_spec",
     "korthikanti_eq7_flops_per_token",
     "measured_tokens_per_s_per_gpu",
-    "megatron_only_problem",
-    "megatron_plan_table",
     "model_spec",
     "narayanan_eq3_flops_per_token",
     "workload",
@@ -146,7 +142,7 @@ def evaluate(ds: Dataset, baseline_mfu: float, crossval: bool = True) -> tuple[l
     constant-MFU baseline (`baseline_error`). Without `crossval`, `error` is the shipped set's."""
     from service.calibrate.crossval import leave_one_source_out
 
-    keep = {"id", "source", "model", "gpu", "num_gpus", "seq_len", "megatron_only", "approximate"}
+    keep = {"id", "source", "model", "gpu", "num_gpus", "seq_len", "approximate"}
     runs = [measured_run(ds, row) for row in ds.measurements]
     cv = leave_one_source_out(runs) if crossval else None
     prior, shipped = ModelParams(), load_params()

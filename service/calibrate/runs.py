@@ -84,6 +84,7 @@ class Measurement(BaseModel):
     dp: int = Field(gt=0)
     tp: int = Field(gt=0)
     pp: int = Field(gt=0)
+    cp: int = Field(1, gt=0, description="Context-parallel degree (1 = whole sequences per rank).")
     zero_stage: Literal[0, 1, 2, 3]
     micro_batch: int = Field(gt=0)
     grad_accum: int = Field(gt=0)
@@ -96,22 +97,22 @@ class Measurement(BaseModel):
     precision: Literal["bf16", "fp16"] = "bf16"
     measured: Measured
     reported_mfu: float | None = None
-    megatron_only: bool = False
     approximate: bool = False
     assumptions: list[str] = Field(default_factory=list)
     notes: str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> Measurement:
-        if self.dp * self.tp * self.pp != self.num_gpus:
-            raise ValueError(f"dp·tp·pp = {self.dp * self.tp * self.pp} but num_gpus = {self.num_gpus}")
+        if self.dp * self.tp * self.pp * self.cp != self.num_gpus:
+            gpus = self.dp * self.tp * self.pp * self.cp
+            raise ValueError(f"dp·tp·pp·cp = {gpus} but num_gpus = {self.num_gpus}")
         if self.micro_batch * self.grad_accum * self.dp != self.global_batch:
             raise ValueError("micro_batch·grad_accum·dp != global_batch")
         return self
 
     def plan_fields(self) -> dict[str, Any]:
-        keys: tuple[str, ...] = ("dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute")
-        keys += ("sequence_parallel", "virtual_stages", "precision")
+        keys: tuple[str, ...] = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch", "grad_accum")
+        keys += ("recompute", "sequence_parallel", "virtual_stages", "precision")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -161,25 +162,6 @@ def workload(row: Measurement) -> Workload:
     )
 
 
-def megatron_only_problem(row: Measurement, model: ModelSpec, cluster: ClusterSpec) -> str | None:
-    """Why a `megatron_only` row is not a sound Megatron layout, or None.
-
-    `plan_problem` stays the one judge of the divisibility rules: it checks the TP half of the layout
-    (pp folded into dp) and the PP half (tp folded into dp) separately, so only the DeepSpeed rule
-    against combining them is skipped. The batch split is checked by `Measurement`.
-    """
-    f = {**row.plan_fields(), "virtual_stages": 1}
-    tp_half = Plan(**{**f, "pp": 1, "dp": row.dp * row.pp})
-    pp_half = Plan(**{**f, "tp": 1, "dp": row.dp * row.tp, "sequence_parallel": False})
-    for half in (tp_half, pp_half):
-        problem = plan_problem(half, model, cluster)
-        if problem:
-            return f"{problem[0]}: {problem[1]}"
-    if model.num_layers % (row.pp * row.virtual_stages):
-        return f"virtual_stages: pp·virtual_stages = {row.pp * row.virtual_stages} does not divide the layers"
-    return None
-
-
 def narayanan_eq3_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Narayanan et al. 2021, Eq. 3 divided by B·s: 96·l·h²·(1 + s/(6h) + V/(16·l·h)), recompute included."""
     n_layers, h, v = model.num_layers, model.hidden_size, model.vocab_size
@@ -213,23 +195,10 @@ def measured_tokens_per_s_per_gpu(row: Measurement, model: ModelSpec) -> float:
     return m.mfu * m.peak_tflops * 1e12 / per_token
 
 
-def megatron_plan_table(row: Measurement) -> PlanTable:
-    """A one-row `PlanTable` of the row's layout, built without `Plan`'s DeepSpeed-only checks."""
-    cols = {
-        **row.plan_fields(),
-        "recompute": RECOMPUTE_CODES.index(row.recompute),
-        "precision": PRECISION_CODES.index(row.precision),
-        "offload_optimizer": False,
-        "offload_params": False,
-    }
-    return PlanTable.from_columns(**{k: np.asarray([v]) for k, v in cols.items()})
-
-
 class MeasuredRun(BaseModel):
     """One measured run: the specs the cost model scores and what was measured.
 
-    `plan` of a layout DeepSpeed cannot run (tp > 1 with pp > 1, `megatron_only`) is built without
-    `Plan`'s DeepSpeed rules; the cost model scores it all the same.
+    `plan` is a validated `Plan` of the engine that ran the row (`row_plan`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -258,6 +227,7 @@ class MeasuredRun(BaseModel):
             "dp": p.dp,
             "tp": p.tp,
             "pp": p.pp,
+            "cp": p.cp,
             "zero_stage": p.zero_stage,
             "micro_batch": p.micro_batch,
             "grad_accum": p.grad_accum,
@@ -292,7 +262,7 @@ def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
     )
 
 
-CSV_INT_FIELDS: tuple[str, ...] = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "zero_stage")
+CSV_INT_FIELDS: tuple[str, ...] = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "cp", "zero_stage")
 CSV_INT_FIELDS += ("micro_batch", "grad_accum", "global_batch", "seq_len")
 
 
@@ -312,7 +282,7 @@ def _csv_dataset(path: Path) -> dict[str, Any]:
                     raise SpecError(
                         f"measurements.{i}.{k}", f"not an integer: {row[k]!r}", str(path)
                     ) from None
-        for k in ("sequence_parallel", "megatron_only", "approximate"):
+        for k in ("sequence_parallel", "approximate"):
             if k in row:
                 row[k] = row[k].lower() in ("1", "true", "yes")
         row.setdefault("ref", f"{path.name} row {i + 2}")

@@ -1,7 +1,7 @@
 """`python -m service estimate --model M --gpu G --gpus N --tp T --pp P --zero Z ...`: one plan.
 
 Memory per GPU by term, whether it fits, step time, tokens/s (total and per GPU) and MFU, as a table
-or JSON. The global batch is micro_batch · grad_accum · dp with dp = gpus / (tp · pp). Bad input
+or JSON. The global batch is micro_batch · grad_accum · dp with dp = gpus / (tp · pp · cp). Bad input
 (unknown model or GPU, GPUs not a whole number of nodes, tp not dividing the heads, ...) is one line
 naming the flag and what is allowed, exit 2. Imports neither torch, ray nor deepspeed.
 """
@@ -17,6 +17,7 @@ FLAGS = {
     "dp": "--gpus",
     "tp": "--tp",
     "pp": "--pp",
+    "cp": "--cp",
     "zero_stage": "--zero",
     "offload_optimizer": "--offload-optimizer",
     "offload_params": "--offload-params",
@@ -47,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--gpus-per-node", type=_positive_int, default=8, help="GPUs per node (default 8).")
     a("--tp", type=_positive_int, default=1, help="Tensor-parallel degree.")
     a("--pp", type=_positive_int, default=1, help="Pipeline-parallel stages.")
+    a(
+        "--cp",
+        type=_positive_int,
+        default=1,
+        help="Context-parallel degree: each sequence split over N ranks (Ulysses on deepspeed, ring "
+        "attention on megatron and fsdp; default 1).",
+    )
     a(
         "--engine",
         choices=("deepspeed", "fsdp", "megatron"),
@@ -107,9 +115,9 @@ def _allowed(field: str, model: Any, cluster: Any, args: argparse.Namespace) -> 
             for t in _divisors(cluster.gpus_per_node)
             if model.num_attention_heads % t == 0 and model.kv_heads % t == 0
         ]
-        ok = [t for t in ok if n % (t * args.pp) == 0]
+        ok = [t for t in ok if n % (t * args.pp * args.cp) == 0]
     elif field == "pp":
-        ok = [p for p in _divisors(model.num_layers) if n % (p * args.tp) == 0]
+        ok = [p for p in _divisors(model.num_layers) if n % (p * args.tp * args.cp) == 0]
     else:
         return ""
     return f"; allowed {FLAGS[field]} for this model and cluster: {', '.join(map(str, ok)) or 'none'}"
@@ -135,12 +143,13 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         if args.price_per_gpu_hour < 0:
             raise SpecError("--price-per-gpu-hour", f"must be 0 or more, got {args.price_per_gpu_hour}")
         cluster = cluster.model_copy(update={"price_per_gpu_hour_usd": args.price_per_gpu_hour})
-    if args.gpus % (args.tp * args.pp):
-        field = "pp" if args.gpus % args.pp else "tp"
-        message = f"tp·pp = {args.tp * args.pp} does not divide --gpus {args.gpus}"
+    if args.gpus % (args.tp * args.pp * args.cp):
+        field = "pp" if args.gpus % args.pp else "cp" if args.gpus % args.cp else "tp"
+        message = f"tp·pp·cp = {args.tp * args.pp * args.cp} does not divide --gpus {args.gpus}"
         raise SpecError(FLAGS[field], message + _allowed(field, model, cluster, args))
     values = dict(
-        dp=args.gpus // (args.tp * args.pp), tp=args.tp, pp=args.pp, zero_stage=args.zero,
+        dp=args.gpus // (args.tp * args.pp * args.cp), tp=args.tp, pp=args.pp, cp=args.cp,
+        zero_stage=args.zero,
         offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
         micro_batch=args.micro_batch, grad_accum=args.grad_accum, recompute=args.recompute,
         sequence_parallel=args.sequence_parallel, precision=args.precision,

@@ -74,15 +74,19 @@ def attention_time_forward_s(
     peak_flops: Num,
     d: Num,
     flash: bool = True,
+    kernel_seq_len: Num | None = None,
 ) -> Num:
     """Forward of causal attention for one block on one TP rank.
 
-    Flash: the causal FLOPs at the kernel's efficiency. Materialised (Megatron-LM 2021-22): the full
-    s×s score and context matmuls as batched GEMMs, plus the fused scale-mask-softmax and dropout passes
-    over the scores (read and write 2 bytes, and a 1-byte mask: ~10·a·s bytes per token in 16-bit).
+    Flash: the causal FLOPs at the kernel's efficiency, which grows with the key length one kernel call
+    sees (`kernel_seq_len`, default `seq_len`; ring attention's calls see s/cp).
+    Materialised (Megatron-LM 2021-22): the full s×s score and context matmuls as batched GEMMs, plus
+    the fused scale-mask-softmax and dropout passes over the scores (read and write 2 bytes, and a
+    1-byte mask: ~10·a·s bytes per token in 16-bit).
     """
     if flash:
-        efficiency = gpu.attention_efficiency * seq_len / (seq_len + ATTENTION_HALF_SEQ)
+        keys = seq_len if kernel_seq_len is None else kernel_seq_len
+        efficiency = gpu.attention_efficiency * keys / (keys + ATTENTION_HALF_SEQ)
         return attention_core_flops_forward(model, tokens, seq_len, tp) / (peak_flops * efficiency)
     heads = model.num_attention_heads / tp
     batches = tokens / seq_len * heads

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel import comm, compute
+from service.costmodel import comm, compute, context
 from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
+from service.costmodel.types import Num
 from service.plans.table import ENGINE_CODES, PlanTable
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
@@ -49,15 +50,16 @@ class _Memory:
 def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.ndarray, ...]:
     """(params, grads, optimizer) on the GPU and bytes moved to the host, for Ψ = `psi` params."""
     pb, gb, ob = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    params, grads, optimizer = mem.zero_sharded_bytes(psi, p.dp, p.zero_stage, pb, gb, ob)
+    shards = p.dp * p.cp  # ZeRO shards over the data- and context-parallel ranks (costmodel/context.py)
+    params, grads, optimizer = mem.zero_sharded_bytes(psi, shards, p.zero_stage, pb, gb, ob)
     persistent = mem.zero3_persistent_params(model, p.tp, p.pp)
-    params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / p.dp), params)
+    params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / shards), params)
     # ZeRO-Offload keeps optimizer states (and, from stage 2, the fp32 gradient partition) on the host;
     # ZeRO-Infinity parameter offload keeps the partitioned parameters there (Ren et al. 2021, §4).
     # Stage 2 accumulates gradients straight into the host buffer; stage 3 also keeps its device-side
     # flat gradient partition (stage3.py `grad_partitions_flat_buffer`; measured on the proxy).
     cpu = np.where(p.offload_optimizer, optimizer, 0.0)
-    cpu = cpu + np.where(p.offload_optimizer & (p.zero_stage >= 2), 4.0 * psi / p.dp, 0.0)
+    cpu = cpu + np.where(p.offload_optimizer & (p.zero_stage >= 2), 4.0 * psi / shards, 0.0)
     cpu = cpu + np.where(p.offload_params, params - pb * persistent, 0.0)
     optimizer = np.where(p.offload_optimizer, 0.0, optimizer)
     grads = np.where(p.offload_optimizer & (p.zero_stage == 2), 0.0, grads)
@@ -70,7 +72,7 @@ def _memory(
 ) -> tuple[_Memory, _Memory]:
     """Memory of the first and of the last pipeline stage (the same stage when pp = 1)."""
     d = mem.activation_bytes_per_element(p.precision)
-    tokens = p.micro_batch * workload.seq_len
+    tokens = p.micro_batch * workload.seq_len / p.cp  # a context-parallel rank's share of the sequence
     layers = model.num_layers / p.pp
     s = workload.seq_len
     flash = workload.flash_attention
@@ -90,6 +92,7 @@ def _memory(
         logits = np.where(is_last, tokens * mem.logits_bytes_per_token(model, d, s), 0.0)
         transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, d), 0.0)
         buffers = pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
+        buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
         # ZeRO-1/2 with optimizer offload stages each gradient through a device buffer the size of the
         # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
@@ -135,11 +138,17 @@ def _times(
         )
         * 1e12
     )
-    tokens = (p.micro_batch * s).astype(float)
+    tokens = p.micro_batch * s / p.cp  # a context-parallel rank's share (costmodel/context.py)
     layers = model.num_layers / p.pp
     gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers
     flash = workload.flash_attention
-    attention = compute.attention_time_forward_s(model, tokens, s, p.tp, gpu, peak, d, flash) * layers
+    ring = context.is_ring(p.engine)
+    # Ring attention runs the kernel on chunks of s/cp keys; Ulysses on whole sequences (of fewer heads).
+    kernel_seq = np.where(ring, s / p.cp, s)
+    attention_layer = compute.attention_time_forward_s(
+        model, tokens, s, p.tp, gpu, peak, d, flash, kernel_seq
+    )
+    attention = attention_layer * layers
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
@@ -160,6 +169,7 @@ def _times(
     # the forward is recomputed (Megatron-LM §3; with sequence parallelism the same volume as
     # all-gather + reduce-scatter, Korthikanti §4.2.2). Not overlapped.
     tp_messages = 4 + 2 * (p.recompute == 2)
+    cp_mb = _context_parallel_s(model, cluster, p, tokens, d, attention_layer, params, gpu, net) * layers
     tp_mb = (
         tp_messages
         * layers
@@ -173,10 +183,10 @@ def _times(
     # with v model chunks per stage cuts the bubble to (pp − 1)/v slots and sends v times as many
     # messages (§2.2.2; the slot's chunk compute is 1/v of the stage's, so the bubble is (pp − 1)/v · slot).
     v = p.virtual_stages
-    crosses = p.dp * p.tp >= cluster.gpus_per_node
+    crosses = p.dp * p.tp * p.cp >= cluster.gpus_per_node
     p2p = comm.p2p_time_s(tokens * model.hidden_size * d, crosses, gpu, net)
     pp_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
-    slot = fwd + bwd + recompute + tp_mb + pp_mb
+    slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
 
     dp_comm, offload, optimizer_step = _data_parallel_and_offload(model, cluster, p, fwd, bwd, gpu, net)
@@ -189,11 +199,34 @@ def _times(
         "recompute": ga * recompute,
         "dp_comm": dp_comm,
         "tp_comm": ga * tp_mb,
+        "cp_comm": ga * cp_mb,
         "pp_comm": ga * pp_mb,
         "bubble": bubble,
         "offload": offload,
         "overhead": np.asarray(overhead, dtype=float),
     }
+
+
+def _context_parallel_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    p: PlanTable,
+    tokens: Num,
+    d: Num,
+    attention_layer: Num,
+    params: ModelParams,
+    gpu: GPUSpec,
+    net: comm.Links,
+) -> np.ndarray:
+    """Exposed context-parallel communication of one layer and one micro-batch, forward, backward and
+    a fully recomputed forward (see costmodel/context.py: Ulysses all-to-alls, or ring passes)."""
+    gpn, forwards = cluster.gpus_per_node, 1 + (p.recompute == 2)
+    ulysses = context.ulysses_time_per_layer_s(model, tokens, p.tp, p.cp, d, gpn, gpu, net) * (forwards + 1)
+    backward_attention = params["attention_backward_ratio"] * attention_layer
+    ring = forwards * context.ring_exposed_per_layer_s(
+        model, tokens, p.tp, p.cp, d, attention_layer, 1, gpn, gpu, net
+    ) + context.ring_exposed_per_layer_s(model, tokens, p.tp, p.cp, d, backward_attention, 2, gpn, gpu, net)
+    return np.where(p.cp > 1, np.where(context.is_ring(p.engine), ring, ulysses), 0.0)
 
 
 def _data_parallel_and_offload(
@@ -229,9 +262,10 @@ def _data_parallel_and_offload(
     modules = blocks * (7 if model.mlp == "swiglu" else 4)
     fsdp = p.engine == ENGINE_CODES.index("fsdp")
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
-    ar = comm.all_reduce_time_s(grads_b, p.dp, p.tp, gpn, gpu, buckets, net)
-    rs = comm.reduce_scatter_time_s(grads_b, p.dp, p.tp, gpn, gpu, collectives, net)
-    ag = comm.all_gather_time_s(params_b, p.dp, p.tp, gpn, gpu, collectives, net)
+    shards = p.dp * p.cp  # gradients are reduced over the context-parallel ranks too (context.py)
+    ar = comm.all_reduce_time_s(grads_b, shards, p.tp, gpn, gpu, buckets, net)
+    rs = comm.reduce_scatter_time_s(grads_b, shards, p.tp, gpn, gpu, collectives, net)
+    ag = comm.all_gather_time_s(params_b, shards, p.tp, gpn, gpu, collectives, net)
     ga = p.grad_accum
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
@@ -242,12 +276,12 @@ def _data_parallel_and_offload(
         ],
         ga * np.maximum(0.0, 2 * ag + rs - (fwd + bwd)),
     )
-    shard = psi / np.where(p.zero_stage >= 1, p.dp, 1)
+    shard = psi / np.where(p.zero_stage >= 1, shards, 1)
     cpu_step = shard / (gpu.cpu_adam_gparams_per_s * 1e9)
     grads_down = comm.host_transfer_time_s(shard * gb, gpu)
     params_up = comm.host_transfer_time_s(shard * pb, gpu)
     offload = np.where(p.offload_optimizer, cpu_step + params_up + np.maximum(0.0, grads_down - bwd), 0.0)
-    fetch = comm.host_transfer_time_s(2 * psi / p.dp * pb, gpu)
+    fetch = comm.host_transfer_time_s(2 * psi / shards * pb, gpu)
     offload = offload + np.where(p.offload_params, ga * np.maximum(0.0, fetch - (fwd + bwd)), 0.0)
     optimizer_step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
     return dp_comm, offload, optimizer_step

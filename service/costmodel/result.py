@@ -13,7 +13,8 @@ from service.spec.params import ModelParams
 from service.spec.plan import Plan
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
-TIME_TERMS = ("compute", "recompute", "dp_comm", "tp_comm", "pp_comm", "bubble", "offload", "overhead")
+TIME_TERMS: tuple[str, ...] = ("compute", "recompute", "dp_comm", "tp_comm", "cp_comm", "pp_comm")
+TIME_TERMS += ("bubble", "offload", "overhead")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class EstimateTable:
     recompute_s: np.ndarray
     dp_comm_s: np.ndarray  # exposed (not hidden behind compute)
     tp_comm_s: np.ndarray
+    cp_comm_s: np.ndarray  # exposed context-parallel all-to-alls / ring passes
     pp_comm_s: np.ndarray
     bubble_s: np.ndarray
     offload_s: np.ndarray  # exposed
@@ -91,6 +93,7 @@ class TimeBreakdown(BaseModel):
     recompute: float
     dp_comm: float
     tp_comm: float
+    cp_comm: float = 0.0
     pp_comm: float
     bubble: float
     offload: float

@@ -1,6 +1,6 @@
 """Every candidate plan for a cluster, and a vectorised copy of `plan_problem` to filter them.
 
-Candidates are the full cross product of the plan's choices: every factorisation dp·tp·pp of the
+Candidates are the full cross product of the plan's choices: every factorisation dp·tp·pp·cp of the
 cluster's GPUs, ZeRO stages 0–3, optimizer and parameter offload on/off, power-of-two micro-batches up
 to a cap, the three recompute policies and sequence parallel on/off. `grad_accum` is not a choice: it
 follows from the global batch, `global_batch_sequences = micro_batch · grad_accum · dp`; where that does
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.plans.table import PRECISION_CODES, PlanTable
+from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
-from service.spec.plan import Precision
+from service.spec.plan import CONTEXT_PARALLEL_RULES, Precision
 from service.spec.workload import Workload
 
 # Why a candidate cannot run, in the order `plan_problem` checks its rules (code = index; 0 = valid).
@@ -36,16 +36,21 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
     ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
+    ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
     ("pp does not divide layers", "pp", "does not divide num_layers"),
-    ("dp·tp·pp is not the GPU count", "dp", "but the cluster has"),
+    ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
     ("tp does not divide gpus_per_node", "tp", "must divide gpus_per_node"),
     ("global batch does not split", "grad_accum", "but the global batch is"),
+    ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
 # Codes 1-5 are about combining choices (what DeepSpeed supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
 COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:6])
 DEFAULT_MAX_MICRO_BATCH = 64
+# Largest context-parallel degree tried: Llama 3 405B's long-context stage ran cp 16 (Dubey et al. 2024,
+# "The Llama 3 Herd of Models", Table 4); cp beyond it leaves chunks too short to hide the passes.
+DEFAULT_MAX_CP = 16
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -59,11 +64,16 @@ def reason_code(problem: tuple[str, str] | None) -> int:
     raise ValueError(f"plan_problem gave a reason the planner does not know: {problem}")
 
 
-def factorisations(num_gpus: int) -> list[tuple[int, int, int]]:
-    """Every (dp, tp, pp) of positive integers with dp·tp·pp = num_gpus."""
+def factorisations(num_gpus: int, max_cp: int = 1) -> list[tuple[int, int, int, int]]:
+    """Every (dp, tp, pp, cp) of positive integers with dp·tp·pp·cp = num_gpus and cp ≤ `max_cp`."""
     divisors = [d for d in range(1, num_gpus + 1) if num_gpus % d == 0]
     return [
-        (num_gpus // (tp * pp), tp, pp) for tp in divisors for pp in divisors if (num_gpus // tp) % pp == 0
+        (num_gpus // (tp * pp * cp), tp, pp, cp)
+        for cp in divisors
+        if cp <= max_cp
+        for tp in divisors
+        for pp in divisors
+        if num_gpus % (tp * pp * cp) == 0
     ]
 
 
@@ -80,16 +90,17 @@ def _grid(*axes: np.ndarray) -> list[np.ndarray]:
 _FLAGS = np.array([False, True])
 
 
-def _structures(num_gpus: int) -> PlanTable:
-    """One row per (dp, tp, pp, zero_stage, offload_optimizer, offload_params, sequence_parallel):
+def _structures(num_gpus: int, max_cp: int = 1) -> PlanTable:
+    """One row per (dp, tp, pp, cp, zero_stage, offload_optimizer, offload_params, sequence_parallel):
     the choices the structural rules look at. micro_batch 1, grad_accum 1, recompute none."""
-    shapes = np.array(factorisations(num_gpus), dtype=np.int64)  # (F, 3): dp, tp, pp
+    shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
     shape_i, zero, off_opt, off_par, sp = _grid(np.arange(len(shapes)), np.arange(4), _FLAGS, _FLAGS, _FLAGS)
     ones = np.ones(len(shape_i), dtype=np.int64)
     return PlanTable.from_columns(
         dp=shapes[shape_i, 0],
         tp=shapes[shape_i, 1],
         pp=shapes[shape_i, 2],
+        cp=shapes[shape_i, 3],
         zero_stage=zero,
         offload_optimizer=off_opt,
         offload_params=off_par,
@@ -123,9 +134,10 @@ def candidate_table(
     workload: Workload,
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     precision: Precision = "bf16",
+    max_cp: int = DEFAULT_MAX_CP,
 ) -> PlanTable:
     """The full cross product of choices for `cluster` (valid or not), one row per candidate."""
-    return _expand(_structures(cluster.num_gpus), workload, max_micro_batch, precision)
+    return _expand(_structures(cluster.num_gpus, max_cp), workload, max_micro_batch, precision)
 
 
 def problem_codes(
@@ -136,6 +148,9 @@ def problem_codes(
     The same rules in the same order as service/spec/plan.py; np.select takes the first true one.
     """
     p = plans
+    cp_rules = [CONTEXT_PARALLEL_RULES[e] for e in ENGINE_CODES]
+    heads_rule = np.array([r.heads_divisible for r in cp_rules])[p.engine]
+    chunks = p.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[p.engine]
     rules = [
         p.offload_params & (p.zero_stage != 3),
         p.offload_optimizer & (p.zero_stage == 0),
@@ -144,18 +159,20 @@ def problem_codes(
         p.sequence_parallel & (p.tp == 1),
         model.num_attention_heads % p.tp != 0,
         model.kv_heads % p.tp != 0,
+        heads_rule & ((model.num_attention_heads // p.tp) % p.cp != 0),
         model.num_layers % p.pp != 0,
     ]
     if cluster is not None:
         gpus_per_node = cluster.gpus_per_node
-        rules.append(p.dp * p.tp * p.pp != cluster.num_gpus)
+        rules.append(p.dp * p.tp * p.pp * p.cp != cluster.num_gpus)
         rules.append((p.tp > gpus_per_node) | (gpus_per_node % p.tp != 0))
     else:
         rules += [np.zeros(len(p), bool)] * 2
     if workload is not None:
         rules.append(p.micro_batch * p.grad_accum * p.dp != workload.batch_sequences)
+        rules.append((p.cp > 1) & (workload.seq_len % chunks != 0))
     else:
-        rules.append(np.zeros(len(p), bool))
+        rules += [np.zeros(len(p), bool)] * 2
     return np.select(rules, list(range(1, len(rules) + 1)), default=VALID).astype(np.int8)
 
 
@@ -184,6 +201,7 @@ def enumerate_plans(
     workload: Workload,
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     precision: Precision = "bf16",
+    max_cp: int = DEFAULT_MAX_CP,
 ) -> Enumeration:
     """Every valid plan for `model` on `cluster` with `workload`'s global batch.
 
@@ -191,8 +209,9 @@ def enumerate_plans(
     structural rules (all but the batch rule) ignore micro_batch and recompute, so they run once per
     structure, and only the structures that pass are expanded into micro-batches × recompute policies.
     A rejected structure stands for micro-batches × policies rejected candidates in the counts.
+    `max_cp`: the largest context-parallel degree tried (1 = none).
     """
-    structures = _structures(cluster.num_gpus)
+    structures = _structures(cluster.num_gpus, max_cp)
     structure_codes = problem_codes(structures, model, cluster, workload=None)
     per_structure = len(micro_batches(max_micro_batch)) * 3
     expanded = _expand(structures.take(structure_codes == VALID), workload, max_micro_batch, precision)

@@ -35,19 +35,21 @@ class PlanTable:
     precision: np.ndarray
     virtual_stages: np.ndarray  # interleaved 1F1B chunks per stage (1 = plain 1F1B)
     engine: np.ndarray  # index into ENGINE_CODES
+    cp: np.ndarray  # context-parallel degree (1 = whole sequences per rank)
 
     def __len__(self) -> int:
         return len(self.dp)
 
     @classmethod
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
-        """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` defaults
-        to 1 (plain 1F1B)."""
+        """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` and
+        `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
-        ints |= {"virtual_stages", "engine"}
+        ints |= {"virtual_stages", "engine", "cp"}
         n = len(np.asarray(cols["dp"]))
         cols.setdefault("virtual_stages", np.ones(n, dtype=np.int64))
         cols.setdefault("engine", np.zeros(n, dtype=np.int64))  # deepspeed
+        cols.setdefault("cp", np.ones(n, dtype=np.int64))
         return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
 
     @classmethod

@@ -6,6 +6,7 @@ takes this `Plan`. `plan_problem` is the only place that decides whether a plan 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -18,10 +19,35 @@ from service.spec.workload import Workload
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32"]
 Engine = Literal["deepspeed", "fsdp", "megatron"]
+ContextStyle = Literal["ulysses", "ring"]
+
+
+@dataclass(frozen=True)
+class ContextParallelRule:
+    """How an engine splits the sequence over `cp` ranks, and what that asks of the model and workload.
+
+    ulysses: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509, §3): all-to-alls turn the
+    sequence shard of q, k, v into a head shard before attention and back after, so each of the cp ranks
+    needs whole query heads: (heads / tp) % cp == 0 (KV heads fewer than cp are repeated, DeepSpeed's
+    uneven-head all-to-all). ring: Megatron-Core context parallelism (docs, "context_parallel") and
+    torchtitan's ring attention (Liu et al. 2023, Ring Attention, arXiv 2310.01889) pass KV chunks
+    around a ring; the load-balanced causal split cuts the sequence into 2·cp chunks.
+    """
+
+    style: ContextStyle
+    heads_divisible: bool  # (attention heads / tp) % cp must be 0
+    seq_chunks_per_rank: int  # seq_len % (cp · this) must be 0
+
+
+CONTEXT_PARALLEL_RULES: dict[str, ContextParallelRule] = {
+    "deepspeed": ContextParallelRule("ulysses", heads_divisible=True, seq_chunks_per_rank=1),
+    "megatron": ContextParallelRule("ring", heads_divisible=False, seq_chunks_per_rank=2),
+    "fsdp": ContextParallelRule("ring", heads_divisible=False, seq_chunks_per_rank=2),
+}
 
 
 class Plan(BaseModel):
-    """A parallel layout: dp·tp·pp GPUs, ZeRO stage and offload, batch split and recompute.
+    """A parallel layout: dp·tp·pp·cp GPUs, ZeRO stage and offload, batch split and recompute.
 
     Example:
         >>> Plan(dp=8, tp=4, pp=1, zero_stage=1, micro_batch=2, grad_accum=8).num_gpus
@@ -33,6 +59,12 @@ class Plan(BaseModel):
     dp: int = Field(1, gt=0, description="Data-parallel degree (replicas).")
     tp: int = Field(1, gt=0, description="Tensor-parallel degree (Megatron / DeepSpeed AutoTP).")
     pp: int = Field(1, gt=0, description="Pipeline-parallel stages.")
+    cp: int = Field(
+        1,
+        gt=0,
+        description="Context-parallel degree: each sequence split over cp ranks (DeepSpeed-Ulysses for "
+        "deepspeed, ring attention for megatron and fsdp; see CONTEXT_PARALLEL_RULES).",
+    )
     virtual_stages: int = Field(
         1,
         gt=0,
@@ -69,17 +101,19 @@ class Plan(BaseModel):
 
     @property
     def num_gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     @property
     def sequences_per_step(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
 
     def short(self) -> str:
-        """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel`."""
+        """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2` after
+        the pipeline when cp > 1)."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
         vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        vs += f"-cp{self.cp}" if self.cp > 1 else ""
         engine = "" if self.engine == "deepspeed" else f"{self.engine}:"
         return (
             f"{engine}dp{self.dp}-tp{self.tp}-pp{self.pp}{vs}-z{self.zero_stage}{off}-mb{self.micro_batch}"
@@ -149,9 +183,10 @@ def plan_problem(
 ) -> tuple[str, str] | None:
     """The first reason `plan` cannot run `model` on `cluster` for `workload`, as (field, message).
 
-    Checks dp·tp·pp = GPUs, tp divides attention and KV heads and fits in one node (TP all-reduces
-    every layer and needs NVLink), pp divides the layers (stages are even; uneven splits are not
-    modelled), and the batch split matches the workload's global batch.
+    Checks dp·tp·pp·cp = GPUs, tp divides attention and KV heads and fits in one node (TP all-reduces
+    every layer and needs NVLink), cp fits the engine's context-parallel rule, pp divides the layers
+    (stages are even; uneven splits are not modelled), the batch split matches the workload's global
+    batch and the sequence splits into the engine's context-parallel chunks.
     """
     own = _plan_only_problem(plan)
     if own:
@@ -160,6 +195,10 @@ def plan_problem(
         return "tp", f"tp {plan.tp} does not divide num_attention_heads {model.num_attention_heads}"
     if model.kv_heads % plan.tp:
         return "tp", f"tp {plan.tp} does not divide num_key_value_heads {model.kv_heads}"
+    rule = CONTEXT_PARALLEL_RULES[plan.engine]
+    if rule.heads_divisible and (model.num_attention_heads // plan.tp) % plan.cp:
+        heads = model.num_attention_heads // plan.tp
+        return "cp", f"Ulysses cp {plan.cp} does not divide the {heads} attention heads per TP rank"
     if model.num_layers % (plan.pp * plan.virtual_stages):
         if plan.virtual_stages == 1:
             return "pp", f"pp {plan.pp} does not divide num_layers {model.num_layers}"
@@ -167,7 +206,7 @@ def plan_problem(
         return "virtual_stages", f"pp·virtual_stages = {chunks} does not divide num_layers {model.num_layers}"
     if cluster is not None:
         if plan.num_gpus != cluster.num_gpus:
-            return "dp", f"dp·tp·pp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"
+            return "dp", f"dp·tp·pp·cp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"
         if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
             return "tp", f"tp {plan.tp} must divide gpus_per_node {cluster.gpus_per_node}"
     if workload is not None and plan.sequences_per_step != workload.batch_sequences:
@@ -176,6 +215,9 @@ def plan_problem(
             f"micro_batch·grad_accum·dp = {plan.sequences_per_step} but the global batch is "
             f"{workload.batch_sequences} sequences",
         )
+    chunks = plan.cp * rule.seq_chunks_per_rank
+    if workload is not None and plan.cp > 1 and workload.seq_len % chunks:
+        return "cp", f"seq_len {workload.seq_len} does not split into {chunks} {rule.style} chunks"
     return None
 
 

@@ -45,7 +45,7 @@ def test_csv_runs_file(tmp_path):
 @pytest.mark.parametrize(
     ("row", "needles"),
     [
-        (_row(0, "mine", 8, 5000.0, dp=4), ["measurements.0", "dp·tp·pp = 4 but num_gpus = 8"]),
+        (_row(0, "mine", 8, 5000.0, dp=4), ["measurements.0", "dp·tp·pp·cp = 4 but num_gpus = 8"]),
         (_row(0, "mine", 8, -1.0), ["measurements.0.measured.tokens_per_s_per_gpu"]),
         (_row(0, "mine", 8, 5000.0).replace(",4096,", ",4k,"), ["measurements.0.seq_len", "not an integer"]),
         (

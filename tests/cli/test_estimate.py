@@ -162,3 +162,18 @@ def test_engine_and_virtual_stages_flags(capsys):
     assert main(["estimate", *flags, "--virtual-stages", "3"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--virtual-stages" in err and "interleaved" in err
+
+
+def test_cp_flag_splits_the_sequence(capsys):
+    flags = ["--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--gpus", "64", "--tp", "8", "--pp", "2"]
+    flags += ["--zero", "1", "--grad-accum", "16", "--seq-len", "32768", "--recompute", "full"]
+    one, two = run_json(capsys, *flags), run_json(capsys, *flags, "--cp", "2")
+    assert two["label"] == "dp2-tp8-pp2-cp2-z1-mb1-ga16-rc:full" and two["plan"]["cp"] == 2
+    assert two["inputs"]["global_batch_sequences"] == 32 == one["inputs"]["global_batch_sequences"] // 2
+    activations = two["memory_per_gpu_bytes"]["activations"] / one["memory_per_gpu_bytes"]["activations"]
+    assert activations == pytest.approx(0.5)
+    assert two["time_breakdown_s"]["cp_comm"] > 0 == one["time_breakdown_s"]["cp_comm"]
+    # Ulysses needs whole heads per rank: 64 heads / tp 8 = 8, so cp 16 is refused, naming the flag.
+    assert main(["estimate", *flags, "--gpus", "128", "--pp", "1", "--cp", "16", "--grad-accum", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--cp" in err and "8 attention heads per TP rank" in err

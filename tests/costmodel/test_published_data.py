@@ -17,8 +17,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from service.calibrate.runs import row_plan
 from service.catalog import load_model
-from service.spec import Plan, check_plan
+from service.spec import check_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,36 +67,29 @@ def test_inline_models_reproduce_source_parameter_counts(ds):
     assert load_model("gpt3-175b").num_params == pytest.approx(174.6e9, rel=0.01)
 
 
-def test_deepspeed_rows_build_valid_plans(ds):
+def test_every_row_is_a_valid_plan_of_its_engine(ds):
     for row in ds.measurements:
-        if row.megatron_only:
-            continue
         model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
-        plan = check_plan(Plan(**row.plan_fields()), model, cluster, ta.workload(row))
+        plan = check_plan(row_plan(ds, row), model, cluster, ta.workload(row))
         assert plan.num_gpus == cluster.num_gpus == row.num_gpus, row.id
 
 
-def test_megatron_only_rows_are_exactly_the_megatron_3d_layouts(ds):
-    flagged = [r for r in ds.measurements if r.megatron_only]
-    assert len(flagged) == 28
-    for row in ds.measurements:
-        deepspeed_limit = (row.tp > 1 and row.pp > 1) or (row.pp > 1 and row.zero_stage >= 2)
-        assert row.megatron_only == deepspeed_limit, row.id
-    for row in flagged:
-        if row.zero_stage >= 2:  # DeepSpeed's PipelineEngine still takes ZeRO 0-1 only
-            with pytest.raises(ValueError, match="pipeline"):
-                Plan(**row.plan_fields())
-        else:  # tp × pp × dp with ZeRO ≤ 1 runs as Megatron-DeepSpeed runs it
-            assert Plan(**{**row.plan_fields(), "virtual_stages": 1}).num_gpus == row.num_gpus
-        model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
-        assert ta.megatron_only_problem(row, model, cluster) is None, row.id
-
-
-def test_megatron_only_problem_still_catches_bad_divisions(ds):
-    row = _row(ds, "korthikanti-t5-530b-sel-sp")
-    model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
-    bad = row.model_copy(update={"tp": 4, "pp": 2, "dp": 35})  # 105 layers do not split into 2 stages
-    assert "does not divide num_layers" in ta.megatron_only_problem(bad, model, cluster)
+def test_the_3d_rows_say_their_engine_cp_and_virtual_stages(ds):
+    """28 published rows combine tp > 1 with pp > 1; none used context parallelism (they predate it);
+    MT-NLG ran Megatron TP inside DeepSpeed's pipeline engine with ZeRO-1, a DeepSpeed 3D plan."""
+    three_d = [r for r in ds.measurements if r.tp > 1 and r.pp > 1]
+    assert len(three_d) == 28 and all(r.cp == 1 for r in three_d)
+    engines = {r.id: row_plan(ds, r).engine for r in three_d}
+    assert {e for i, e in engines.items() if i.startswith("mtnlg")} == {"deepspeed"}
+    assert sum(e == "megatron" for e in engines.values()) == 25
+    assert [r.id for r in three_d if r.virtual_stages > 1] == [
+        "korthikanti-t5-175b-full",
+        "korthikanti-t5-175b-sel-sp",
+        "korthikanti-t5-530b-full",
+        "korthikanti-t5-530b-sel-sp",
+        "korthikanti-abs-530b-n2240-full",
+        "korthikanti-abs-530b-n2240-sel-sp",
+    ]
 
 
 def test_step_times_reproduce_the_mfu_the_megatron_readme_prints(ds):

@@ -41,18 +41,22 @@ def unchecked_plan(table: PlanTable, i: int) -> Plan:
     return Plan.model_construct(**values)
 
 
-def test_factorisations_are_all_ordered_triples():
+def test_factorisations_are_all_ordered_quadruples():
     for n in (1, 6, 12, 32):
         brute = {
-            (a, b, c)
+            (a, b, c, d)
             for a in range(1, n + 1)
             for b in range(1, n + 1)
             for c in range(1, n + 1)
-            if a * b * c == n
+            for d in range(1, n + 1)
+            if a * b * c * d == n
         }
-        assert set(factorisations(n)) == brute
-        assert len(factorisations(n)) == len(brute)
+        assert set(factorisations(n, max_cp=n)) == brute
+        assert len(factorisations(n, max_cp=n)) == len(brute)
+        assert set(factorisations(n)) == {f for f in brute if f[3] == 1}
     assert len(factorisations(32)) == 21  # C(5 + 2, 2) ordered factorisations of 2^5 into 3
+    assert len(factorisations(32, max_cp=32)) == 56  # C(5 + 3, 3) into 4
+    assert len(factorisations(32, max_cp=4)) == 21 + 15 + 10  # cp 1, 2, 4
 
 
 def test_micro_batches_are_powers_of_two_up_to_the_cap():
@@ -75,7 +79,7 @@ CASES = [
 @pytest.mark.parametrize(("model", "cluster", "batch"), CASES, ids=lambda x: getattr(x, "name", None))
 def test_vectorised_filter_agrees_with_plan_problem_on_every_candidate(model, cluster, batch):
     workload = Workload(seq_len=128, global_batch_sequences=batch, tokens_to_train=1e6)
-    table = candidate_table(cluster, workload, max_micro_batch=16)
+    table = candidate_table(cluster, workload, max_micro_batch=16, max_cp=4)
     codes = problem_codes(table, model, cluster, workload)
     expected = np.array(
         [
@@ -89,7 +93,7 @@ def test_vectorised_filter_agrees_with_plan_problem_on_every_candidate(model, cl
 
 
 def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload():
-    """Random shapes hit the rules enumeration never produces (dp·tp·pp off the GPU count, tp > node)."""
+    """Random shapes hit the rules enumeration never produces (dp·tp·pp·cp off the GPU count, tp > node)."""
     rng = np.random.default_rng(0)
     n = 3000
     table = PlanTable.from_columns(
@@ -98,11 +102,12 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         offload_params=rng.random(n) < 0.3,
         micro_batch=rng.integers(1, 5, n), grad_accum=rng.integers(1, 5, n), recompute=rng.integers(0, 3, n),
         sequence_parallel=rng.random(n) < 0.3, precision=rng.integers(0, 3, n),
+        cp=rng.choice([1, 2, 3, 4], n),
     )  # fmt: skip
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # tp 2 divides 6, not 3
-    workload = Workload(seq_len=128, global_batch_sequences=12, tokens_to_train=1e6)
+    workload = Workload(seq_len=130, global_batch_sequences=12, tokens_to_train=1e6)  # cp 4 does not split it
     seen: set[int] = set()
-    for c, w in [(None, None), (cluster, None), (cluster, workload)]:
+    for c, w in [(None, None), (cluster, None), (cluster, workload), (None, workload)]:
         codes = problem_codes(table, TINY, c, w)
         plans = [unchecked_plan(table, i) for i in range(n)]
         expected = np.array([reason_code(plan_problem(p, TINY, c, w)) for p in plans])
@@ -117,12 +122,12 @@ def test_two_stage_enumeration_equals_filtering_the_full_cross_product():
     table = candidate_table(cluster, workload)
     codes = problem_codes(table, model, cluster, workload)
     result = enumerate_plans(model, cluster, workload)
-    assert result.candidates == len(table) == 21 * 4 * 2 * 2 * 7 * 3 * 2
+    assert result.candidates == len(table) == 55 * 4 * 2 * 2 * 7 * 3 * 2  # 55 (dp, tp, pp, cp) with cp ≤ 16
     assert result.invalid_counts == count_codes(codes)
     assert sum(result.invalid_counts.values()) + len(result.plans) == result.candidates
     key = lambda t: sorted(zip(*(getattr(t, f).tolist() for f in Plan.model_fields), strict=True))  # noqa: E731
     assert key(result.plans) == key(table.take(codes == VALID))
-    assert len(result.plans) == 1602
+    assert len(result.plans) == 3849
 
 
 def test_every_enumerated_plan_is_a_valid_plan_for_the_workload():
@@ -145,8 +150,15 @@ def test_enumeration_is_complete_against_brute_force():
     cluster = ClusterSpec(gpu="cpu", num_nodes=1, gpus_per_node=4)
     workload = Workload(seq_len=64, global_batch_sequences=8, tokens_to_train=1e6)
     brute = set()
-    shapes = [(d, t, p) for d in range(1, 5) for t in range(1, 5) for p in range(1, 5) if d * t * p == 4]
-    for (dp, tp, pp), zero, oo, op, mb, ga, rc, sp in itertools.product(
+    shapes = [
+        (d, t, p, c)
+        for d in range(1, 5)
+        for t in range(1, 5)
+        for p in range(1, 5)
+        for c in range(1, 5)
+        if d * t * p * c == 4
+    ]
+    for (dp, tp, pp, cp), zero, oo, op, mb, ga, rc, sp in itertools.product(
         shapes,
         range(4),
         (False, True),
@@ -157,8 +169,8 @@ def test_enumeration_is_complete_against_brute_force():
         (False, True),
     ):
         plan = Plan.model_construct(
-            dp=dp, tp=tp, pp=pp, zero_stage=zero, offload_optimizer=oo, offload_params=op, micro_batch=mb,
-            grad_accum=ga, recompute=rc, sequence_parallel=sp, precision="bf16",
+            dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, offload_optimizer=oo, offload_params=op,
+            micro_batch=mb, grad_accum=ga, recompute=rc, sequence_parallel=sp, precision="bf16",
         )  # fmt: skip
         if plan_problem(plan, TINY, cluster, workload) is None:
             brute.add(plan.short())

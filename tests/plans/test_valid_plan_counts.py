@@ -1,4 +1,4 @@
-"""The valid-plan counts other tests quote (1,602 for Llama-2-13B on 32 GPUs, 1,593 for Llama-2-70B on
+"""The valid-plan counts other tests quote (3,849 for Llama-2-13B on 32 GPUs, 9,813 for Llama-2-70B on
 1,024) derived independently: a brute-force loop over every layout, written from the rules as they are
 documented (DeepSpeed's limits and the cluster/workload identities), not from the enumerator's code."""
 
@@ -15,10 +15,13 @@ from service.spec import ClusterSpec, Workload
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # powers of two up to the planner's cap
 
 
-def brute_force_count(layers: int, heads: int, kv_heads: int, gpus: int, per_node: int, batch: int) -> int:
+def brute_force_count(
+    layers: int, heads: int, kv_heads: int, gpus: int, per_node: int, batch: int, seq: int = 4096
+) -> int:
     """Plans (bf16) that can run, counted one by one. The documented rules:
-    - dp·tp·pp = GPUs; tp divides the attention and the KV heads, and divides (≤) the GPUs of a node;
-      pp divides the layers;
+    - dp·tp·pp·cp = GPUs with cp ≤ 16; tp divides the attention and the KV heads, and divides (≤) the
+      GPUs of a node; pp divides the layers; DeepSpeed-Ulysses' cp divides the heads per TP rank and
+      the sequence;
     - micro_batch·grad_accum·dp = the global batch (grad_accum a positive integer);
     - parameter offload needs ZeRO-3; optimizer offload needs ZeRO ≥ 1;
     - DeepSpeed's pipeline engine takes ZeRO 0-1; AutoTP takes ZeRO 0-2; tensor-parallel layers run
@@ -26,9 +29,15 @@ def brute_force_count(layers: int, heads: int, kv_heads: int, gpus: int, per_nod
     """
     count = 0
     divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
-    layouts = [(dp, tp, gpus // (dp * tp)) for dp in divisors for tp in divisors if gpus % (dp * tp) == 0]
-    for dp, tp, pp in layouts:  # every (dp, tp, pp) with dp·tp·pp = GPUs
-        if heads % tp or kv_heads % tp or per_node % tp or layers % pp:
+    layouts = [
+        (dp, tp, gpus // (dp * tp * cp), cp)
+        for dp in divisors
+        for tp in divisors
+        for cp in divisors
+        if cp <= 16 and gpus % (dp * tp * cp) == 0
+    ]
+    for dp, tp, pp, cp in layouts:  # every (dp, tp, pp, cp) with dp·tp·pp·cp = GPUs
+        if heads % tp or kv_heads % tp or per_node % tp or layers % pp or (heads // tp) % cp or seq % cp:
             continue
         for zero, off_opt, off_par, _recompute, sp, mb in itertools.product(
             range(4), (False, True), (False, True), range(3), (False, True), MICRO_BATCHES
@@ -44,7 +53,7 @@ def brute_force_count(layers: int, heads: int, kv_heads: int, gpus: int, per_nod
 
 @pytest.mark.parametrize(
     ("model", "nodes", "batch", "expected"),
-    [("llama2-13b", 4, 128, 1602), ("llama2-70b", 128, 1024, 1593)],
+    [("llama2-13b", 4, 128, 3849), ("llama2-70b", 128, 1024, 9813)],
 )
 def test_enumerator_counts_match_a_brute_force_count(model: str, nodes: int, batch: int, expected: int):
     spec = load_model(model)

@@ -1,0 +1,93 @@
+"""Context parallelism: the sequence of each micro-batch split over `cp` ranks.
+
+Each rank keeps tokens = micro_batch · seq_len / cp, so its matmuls, saved activations and TP / PP
+messages shrink by cp (Megatron-Core docs, "Context parallelism": "activation memory per GPU is CP
+times smaller"); attention still relates every token to the whole sequence, so its causal FLOPs per
+rank are 1/cp of the sequence's (load-balanced chunks). What the split costs depends on the engine's
+style (`service.spec.plan.CONTEXT_PARALLEL_RULES`):
+
+* Ulysses (DeepSpeed; Jacobs et al. 2023, arXiv 2309.14509, §3.1-3.2): before attention an all-to-all
+  turns the sequence shard of q, k and v into a head shard, after it one turns the output back: four
+  all-to-alls per layer in forward and four in backward, each moving (cp − 1)/cp of the rank's buffer
+  (the paper's "4Nh/P per link" with GQA's smaller k and v). They sit on the critical path.
+* Ring (Megatron-Core CP, torchtitan; Liu et al. 2023, Ring Attention, arXiv 2310.01889, §3): cp − 1
+  point-to-point passes of the local K and V chunk per layer, each overlapped with the attention of the
+  chunk already held; backward passes K, V and their gradients. Only what a pass takes beyond that
+  block of attention is exposed.
+
+Ranks are laid out tp, cp, dp, pp from fastest (Megatron-Core's default order "tp-cp-ep-dp-pp"), so a
+CP group has stride tp. ZeRO (DeepSpeed's sequence-data-parallel group), the distributed optimizer
+(Megatron's data-parallel group "with context parallel") and FSDP2 (torchtitan's dp_shard_cp mesh)
+all shard and reduce over the dp·cp ranks, a group of stride tp.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.costmodel import comm
+from service.costmodel.types import Num
+from service.plans.table import ENGINE_CODES
+from service.spec.hardware import GPUSpec
+from service.spec.model import ModelSpec
+from service.spec.plan import CONTEXT_PARALLEL_RULES
+
+RING = np.array([CONTEXT_PARALLEL_RULES[e].style == "ring" for e in ENGINE_CODES])
+
+
+def is_ring(engine: Num) -> np.ndarray:
+    """Per plan, whether its engine's context parallelism is ring attention (else Ulysses)."""
+    return RING[np.asarray(engine, dtype=np.int64)]
+
+
+def qkvo_bytes(model: ModelSpec, tokens: Num, tp: Num, d: Num) -> Num:
+    """One rank's q, k, v and attention output for `tokens` local tokens: (2h + 2·kv)/tp elements each."""
+    kv = model.kv_heads * model.head_dim
+    return tokens * (2 * model.hidden_size + 2 * kv) / tp * d
+
+
+def kv_chunk_bytes(model: ModelSpec, tokens: Num, tp: Num, d: Num) -> Num:
+    """The K and V of `tokens` local tokens on one TP rank, the message of one ring pass."""
+    return tokens * 2 * model.kv_heads * model.head_dim / tp * d
+
+
+def ulysses_time_per_layer_s(
+    model: ModelSpec,
+    tokens: Num,
+    tp: Num,
+    cp: Num,
+    d: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
+) -> Num:
+    """Forward all-to-alls of one layer (backward moves the same again): q, k, v in, the output out;
+    each sends (cp − 1)/cp of its buffer, the bandwidth term of an all-gather of that buffer."""
+    return comm.all_gather_time_s(qkvo_bytes(model, tokens, tp, d), cp, tp, gpus_per_node, gpu, 4.0, links)
+
+
+def ring_exposed_per_layer_s(
+    model: ModelSpec,
+    tokens: Num,
+    tp: Num,
+    cp: Num,
+    d: Num,
+    attention_s: Num,
+    messages: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
+) -> Num:
+    """Exposed time of one layer's cp − 1 ring passes of `messages` K/V-sized chunks each (1 forward:
+    K, V; 2 backward: K, V and dK, dV), each hidden behind 1/cp of the layer's `attention_s`."""
+    crosses = tp * cp > gpus_per_node
+    one_pass = messages * comm.p2p_time_s(kv_chunk_bytes(model, tokens, tp, d), crosses, gpu, links)
+    return (cp - 1) * np.maximum(0.0, one_pass - attention_s / cp)
+
+
+def buffer_bytes(model: ModelSpec, tokens: Num, tp: Num, cp: Num, engine: Num, d: Num) -> Num:
+    """Transient device memory of the split: Ulysses' all-to-all output of q, k, v and o (the size of
+    its input); ring attention's two K/V receive buffers (double-buffered passes)."""
+    ring = 2 * kv_chunk_bytes(model, tokens, tp, d)
+    ulysses = qkvo_bytes(model, tokens, tp, d)
+    return np.where(cp > 1, np.where(is_ring(engine), ring, ulysses), 0.0)
