@@ -215,6 +215,15 @@ def apply_tensor_parallel(lm: torch.nn.Module, group: Any, sequence_parallel: bo
         tpl.allreduce_sequence_parallel_grads(lm.model.norm, group)  # type: ignore[arg-type]
 
 
+def _reentrant_checkpoint(function: Any, *args: torch.Tensor) -> Any:
+    """The pipeline's per-layer checkpoint: torch's reentrant checkpoint, which keeps what DeepSpeed's
+    does (each layer's input) but through `save_for_backward`, where the activation meter sees it.
+    DeepSpeed's `CheckpointFunction` keeps its inputs in a ctx attribute (`ctx.deepspeed_saved_tensors`,
+    runtime/activation_checkpointing/checkpointing.py), invisible to `saved_tensors_hooks`: full-recompute
+    pipeline proxies measured 8 % (tp 1) to 22 % (tp 2) under the model, by exactly those inputs."""
+    return checkpoint(function, *args, use_reentrant=True)
+
+
 def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
     """The proxy model of `plan` as stages, and the DeepSpeed `mpu` that names its groups (tp > 1 or pp > 1;
     None for a `PipelineModule`, whose engine reads them from the module).
@@ -223,8 +232,8 @@ def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> t
     each TP rank keeps its slices (`apply_tensor_parallel`) and, with pp > 1, each stage its own layers
     (`deepspeed.pipe.PipelineModule`, split evenly by layer). The ranks form DeepSpeed's
     `PipeModelDataParallelTopology` (axes pipe, data, model: TP peers adjacent, as Megatron-DeepSpeed
-    lays them out). `full` recompute is per-layer checkpointing (DeepSpeed's
-    `activation_checkpoint_interval=1` in a pipeline, torch's reentrant checkpoint otherwise);
+    lays them out). `full` recompute is per-layer checkpointing (`activation_checkpoint_interval=1` in a
+    pipeline) with torch's reentrant checkpoint (see `_reentrant_checkpoint`);
     `selective` wraps each layer's attention. Embedding and lm_head are separate matrices (untied); a tied
     model would need a `TiedLayerSpec` and a tied TP head, which this proxy does not build.
     """
@@ -254,6 +263,7 @@ def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> t
         loss_fn=causal_lm_loss,
         partition_method="type:_Layer",
         activation_checkpoint_interval=1 if plan.recompute == "full" else 0,
+        activation_checkpoint_func=_reentrant_checkpoint,
         checkpointable_layers=["_Layer"],
         seed_layers=False,
     )
