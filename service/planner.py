@@ -12,6 +12,7 @@ it into a `PlanResult` that keeps the full table, so it can say why any plan los
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from service.spec import (
     plan_problem,
 )
 from service.spec.params import ModelParams, load_params
-from service.spec.plan import Precision
+from service.spec.plan import Engine, Precision
 
 
 class RankedPlan(BaseModel):
@@ -89,12 +90,13 @@ def rank_plans(
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     precision: Precision = "bf16",
     params: ModelParams | None = None,
+    engines: Sequence[Engine] = ("deepspeed",),
 ) -> Ranking:
-    """Enumerates every valid plan, scores them all with `estimate_table` under `params` (None = the
-    shipped set), and selects under `budget`."""
+    """Enumerates every valid plan of `engines`, scores them all with `estimate_table` under `params`
+    (None = the shipped set), and selects under `budget`."""
     from service.costmodel import estimate_table
 
-    enumeration = enumerate_plans(model, cluster, workload, max_micro_batch, precision)
+    enumeration = enumerate_plans(model, cluster, workload, max_micro_batch, precision, engines=engines)
     estimates = estimate_table(
         model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom, params=params
     )
@@ -263,6 +265,7 @@ class Planner:
             self.max_micro_batch,
             self.precision,
             self.params,
+            spec.engines,
         )
         sel, plans, est = ranking.selection, ranking.enumeration.plans, ranking.estimates
 

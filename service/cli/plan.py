@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Compute precision (default bf16).",
     )
     parser.add_argument("--params", default=None, help="Cost-model parameter set (YAML; default: shipped).")
+    parser.add_argument(
+        "--engines",
+        default=None,
+        metavar="E1,E2",
+        help="Engines to search and rank together, comma-separated from deepspeed, fsdp, megatron "
+        "(default: the experiment's `engines`, else deepspeed).",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,8 +51,11 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--top", f"must be 0 or more, got {args.top}")
     if args.max_micro_batch < 1:
         raise SpecError("--max-micro-batch", f"must be 1 or more, got {args.max_micro_batch}")
+    experiment: Any = args.experiment
+    if args.engines is not None:
+        experiment = _with_engines(args.experiment, args.engines)
     planner = Planner(
-        args.experiment,
+        experiment,
         top_k=args.top,
         max_micro_batch=args.max_micro_batch,
         precision=args.precision,
@@ -57,6 +67,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(result))
     return 0 if result.selected is not None else 1
+
+
+def _with_engines(path: str, engines: str) -> Any:
+    """The experiment at `path` with its `engines` replaced; an unknown engine is a one-line error."""
+    from service.plans.table import ENGINE_CODES
+    from service.spec import SpecError, load_experiment
+
+    names = [e.strip() for e in engines.split(",") if e.strip()]
+    unknown = [e for e in names if e not in ENGINE_CODES]
+    if unknown or not names:
+        allowed = ", ".join(ENGINE_CODES)
+        raise SpecError("--engines", f"unknown engine {unknown or engines!r}; allowed: {allowed}")
+    return load_experiment(path).model_copy(update={"engines": list(dict.fromkeys(names))})
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:

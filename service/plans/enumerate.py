@@ -6,62 +6,42 @@ to a cap, the three recompute policies and sequence parallel on/off. `grad_accum
 follows from the global batch, `global_batch_sequences = micro_batch · grad_accum · dp`; where that does
 not divide, the candidate gets the nearest lower value and the batch rule rejects it.
 
-`service.spec.plan.plan_problem` is the one rule set that decides validity. It is scalar (one `Plan`
-at a time, ~10 µs each), too slow for 100,000 plans per second, so `problem_codes` below restates the
-same rules on numpy columns, in the same order. tests/plans/test_enumerate.py checks, on every
-candidate of several small clusters and on random tables, that both give the same first reason.
+Candidates also span the engines asked for (deepspeed, fsdp, megatron), megatron's interleaved chunks
+per stage, context-parallel degrees up to a cap and, where asked, several precisions.
+
+`service.spec.plan.plan_problem` is the one rule set that decides validity; `problem_codes`
+(service/plans/rules.py) restates it on numpy columns, and tests check that both agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable
+from service.plans.rules import (  # noqa: F401  (re-exported: the rule codes belong to enumeration)
+    COMBINATION_REASONS,
+    INVALID_REASONS,
+    VALID,
+    problem_codes,
+    reason_code,
+)
+from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable, concat
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
-from service.spec.plan import CONTEXT_PARALLEL_RULES, Precision
+from service.spec.plan import Engine, Precision
 from service.spec.workload import Workload
 
-# Why a candidate cannot run, in the order `plan_problem` checks its rules (code = index; 0 = valid).
-# Each entry: (short reason for counts and tables, the `plan_problem` field, a fragment of its message).
-INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
-    ("valid", "", ""),
-    ("offload_params without zero_stage 3", "offload_params", "parameter offload needs zero_stage 3"),
-    ("offload_optimizer with zero_stage 0", "offload_optimizer", "optimizer offload needs zero_stage"),
-    ("zero_stage > 1 with pp > 1", "zero_stage", "pipeline parallelism"),
-    ("zero_stage 3 with tp > 1", "zero_stage", "tensor parallelism"),
-    ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
-    ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
-    ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
-    ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
-    ("pp does not divide layers", "pp", "does not divide num_layers"),
-    ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
-    ("tp does not divide gpus_per_node", "tp", "must divide gpus_per_node"),
-    ("global batch does not split", "grad_accum", "but the global batch is"),
-    ("seq_len does not split into cp chunks", "cp", "does not split into"),
-)
-VALID = 0
-# Codes 1-5 are about combining choices (what DeepSpeed supports), never about the model, cluster or
-# batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:6])
 DEFAULT_MAX_MICRO_BATCH = 64
 # Largest context-parallel degree tried: Llama 3 405B's long-context stage ran cp 16 (Dubey et al. 2024,
 # "The Llama 3 Herd of Models", Table 4); cp beyond it leaves chunks too short to hide the passes.
 DEFAULT_MAX_CP = 16
-
-
-def reason_code(problem: tuple[str, str] | None) -> int:
-    """The code of a `plan_problem` answer: matches its field and message against INVALID_REASONS."""
-    if problem is None:
-        return VALID
-    field, message = problem
-    for code, (_, reason_field, fragment) in enumerate(INVALID_REASONS):
-        if code and field == reason_field and fragment in message:
-            return code
-    raise ValueError(f"plan_problem gave a reason the planner does not know: {problem}")
+# Interleaved 1F1B chunks per stage tried for megatron plans (1 = plain 1F1B). NeMo's Llama-3-70B
+# recipe runs pp 4 with 5 chunks per stage (80 layers); 2-4 are the usual choices (Narayanan et al.
+# 2021, §2.2.2; Korthikanti et al. 2022, Table 3, 3 chunks).
+DEFAULT_VIRTUAL_STAGES = (1, 2, 3, 4, 5)
 
 
 def factorisations(num_gpus: int, max_cp: int = 1) -> list[tuple[int, int, int, int]]:
@@ -90,11 +70,13 @@ def _grid(*axes: np.ndarray) -> list[np.ndarray]:
 _FLAGS = np.array([False, True])
 
 
-def _structures(num_gpus: int, max_cp: int = 1) -> PlanTable:
-    """One row per (dp, tp, pp, cp, zero_stage, offload_optimizer, offload_params, sequence_parallel):
-    the choices the structural rules look at. micro_batch 1, grad_accum 1, recompute none."""
-    shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
-    shape_i, zero, off_opt, off_par, sp = _grid(np.arange(len(shapes)), np.arange(4), _FLAGS, _FLAGS, _FLAGS)
+def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Sequence[int]) -> PlanTable:
+    """One engine's rows: every shape × ZeRO stage × offload flags × sequence parallel (× interleaved
+    chunks for megatron, the only engine with an interleaved schedule)."""
+    vs = np.array(virtual_stages if engine == "megatron" else [1], dtype=np.int64)
+    shape_i, zero, off_opt, off_par, sp, v = _grid(
+        np.arange(len(shapes)), np.arange(4), _FLAGS, _FLAGS, _FLAGS, vs
+    )
     ones = np.ones(len(shape_i), dtype=np.int64)
     return PlanTable.from_columns(
         dp=shapes[shape_i, 0],
@@ -109,15 +91,33 @@ def _structures(num_gpus: int, max_cp: int = 1) -> PlanTable:
         recompute=ones * 0,
         sequence_parallel=sp,
         precision=ones * 0,
+        virtual_stages=v,
+        engine=ones * ENGINE_CODES.index(engine),
     )
 
 
-def _expand(
-    structures: PlanTable, workload: Workload, max_micro_batch: int, precision: Precision
+def _structures(
+    num_gpus: int,
+    max_cp: int = 1,
+    engines: Sequence[Engine] = ("deepspeed",),
+    virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
 ) -> PlanTable:
-    """Each structure × every micro-batch × every recompute policy, grad_accum from the global batch."""
-    row, mb, recompute = _grid(
-        np.arange(len(structures)), np.array(micro_batches(max_micro_batch), dtype=np.int64), np.arange(3)
+    """The rows the structural rules look at, engine by engine: micro_batch 1, grad_accum 1, recompute
+    none."""
+    shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
+    return concat([_engine_structures(shapes, e, virtual_stages) for e in engines])
+
+
+def _expand(
+    structures: PlanTable, workload: Workload, max_micro_batch: int, precisions: Sequence[Precision]
+) -> PlanTable:
+    """Each structure × every micro-batch × every recompute policy × every precision, grad_accum from
+    the global batch."""
+    row, mb, recompute, precision = _grid(
+        np.arange(len(structures)),
+        np.array(micro_batches(max_micro_batch), dtype=np.int64),
+        np.arange(3),
+        np.array([PRECISION_CODES.index(x) for x in precisions], dtype=np.int64),
     )
     s = structures.take(row)
     return dataclasses.replace(
@@ -125,55 +125,26 @@ def _expand(
         micro_batch=mb,
         grad_accum=np.maximum(workload.batch_sequences // (mb * s.dp), 1),
         recompute=recompute,
-        precision=np.full(len(row), PRECISION_CODES.index(precision), dtype=np.int64),
+        precision=precision,
     )
+
+
+def _precisions(precision: Precision | Sequence[Precision]) -> tuple[Precision, ...]:
+    return (precision,) if isinstance(precision, str) else tuple(precision)
 
 
 def candidate_table(
     cluster: ClusterSpec,
     workload: Workload,
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
-    precision: Precision = "bf16",
+    precision: Precision | Sequence[Precision] = "bf16",
     max_cp: int = DEFAULT_MAX_CP,
+    engines: Sequence[Engine] = ("deepspeed",),
+    virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
 ) -> PlanTable:
     """The full cross product of choices for `cluster` (valid or not), one row per candidate."""
-    return _expand(_structures(cluster.num_gpus, max_cp), workload, max_micro_batch, precision)
-
-
-def problem_codes(
-    plans: PlanTable, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
-) -> np.ndarray:
-    """Per row, the code (index into INVALID_REASONS) of the first rule `plan_problem` would break.
-
-    The same rules in the same order as service/spec/plan.py; np.select takes the first true one.
-    """
-    p = plans
-    cp_rules = [CONTEXT_PARALLEL_RULES[e] for e in ENGINE_CODES]
-    heads_rule = np.array([r.heads_divisible for r in cp_rules])[p.engine]
-    chunks = p.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[p.engine]
-    rules = [
-        p.offload_params & (p.zero_stage != 3),
-        p.offload_optimizer & (p.zero_stage == 0),
-        (p.pp > 1) & (p.zero_stage > 1),
-        (p.tp > 1) & (p.zero_stage == 3),
-        p.sequence_parallel & (p.tp == 1),
-        model.num_attention_heads % p.tp != 0,
-        model.kv_heads % p.tp != 0,
-        heads_rule & ((model.num_attention_heads // p.tp) % p.cp != 0),
-        model.num_layers % p.pp != 0,
-    ]
-    if cluster is not None:
-        gpus_per_node = cluster.gpus_per_node
-        rules.append(p.dp * p.tp * p.pp * p.cp != cluster.num_gpus)
-        rules.append((p.tp > gpus_per_node) | (gpus_per_node % p.tp != 0))
-    else:
-        rules += [np.zeros(len(p), bool)] * 2
-    if workload is not None:
-        rules.append(p.micro_batch * p.grad_accum * p.dp != workload.batch_sequences)
-        rules.append((p.cp > 1) & (workload.seq_len % chunks != 0))
-    else:
-        rules += [np.zeros(len(p), bool)] * 2
-    return np.select(rules, list(range(1, len(rules) + 1)), default=VALID).astype(np.int8)
+    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages)
+    return _expand(structures, workload, max_micro_batch, _precisions(precision))
 
 
 @dataclass(frozen=True)
@@ -200,8 +171,10 @@ def enumerate_plans(
     cluster: ClusterSpec,
     workload: Workload,
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
-    precision: Precision = "bf16",
+    precision: Precision | Sequence[Precision] = "bf16",
     max_cp: int = DEFAULT_MAX_CP,
+    engines: Sequence[Engine] = ("deepspeed",),
+    virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
 ) -> Enumeration:
     """Every valid plan for `model` on `cluster` with `workload`'s global batch.
 
@@ -209,12 +182,14 @@ def enumerate_plans(
     structural rules (all but the batch rule) ignore micro_batch and recompute, so they run once per
     structure, and only the structures that pass are expanded into micro-batches × recompute policies.
     A rejected structure stands for micro-batches × policies rejected candidates in the counts.
-    `max_cp`: the largest context-parallel degree tried (1 = none).
+    `max_cp`: the largest context-parallel degree tried (1 = none); `engines`: which engines' plans
+    (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron plans.
     """
-    structures = _structures(cluster.num_gpus, max_cp)
+    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages)
     structure_codes = problem_codes(structures, model, cluster, workload=None)
-    per_structure = len(micro_batches(max_micro_batch)) * 3
-    expanded = _expand(structures.take(structure_codes == VALID), workload, max_micro_batch, precision)
+    precisions = _precisions(precision)
+    per_structure = len(micro_batches(max_micro_batch)) * 3 * len(precisions)
+    expanded = _expand(structures.take(structure_codes == VALID), workload, max_micro_batch, precisions)
     codes = problem_codes(expanded, model, cluster, workload)
     counts = np.bincount(structure_codes, minlength=len(INVALID_REASONS)) * per_structure
     counts += np.bincount(codes, minlength=len(INVALID_REASONS))

@@ -77,3 +77,9 @@ class PlanTable:
         values["precision"] = PRECISION_CODES[values["precision"]]
         values["engine"] = ENGINE_CODES[values["engine"]]
         return Plan(**values)
+
+
+def concat(tables: list[PlanTable]) -> PlanTable:
+    """The rows of `tables`, one after the other."""
+    names = [f.name for f in fields(PlanTable)]
+    return PlanTable(**{name: np.concatenate([getattr(t, name) for t in tables]) for name in names})

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from service.spec.errors import SpecError, validate_as
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
+from service.spec.plan import Engine
 from service.spec.production import GoodputSpec, GPUAlternative
 from service.spec.proxy import ProxySpec
 from service.spec.tracking import TrackingSpec
@@ -46,6 +47,19 @@ class ExperimentSpec(BaseModel):
     alternatives: list[GPUAlternative] = Field(
         default_factory=list, description="Other GPU types / clusters compared under the same budget."
     )
+    engines: list[Engine] = Field(
+        default_factory=lambda: list[Engine](["deepspeed"]),
+        min_length=1,
+        description="Engines whose plans the planner searches and ranks together, each under its own "
+        "rules: deepspeed (the one the service runs), fsdp and megatron (scored analytically).",
+    )
+
+    @field_validator("engines")
+    @classmethod
+    def _distinct_engines(cls, value: list[Engine]) -> list[Engine]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"engines listed twice: {value}")
+        return value
 
     @field_validator("model", mode="before")
     @classmethod

@@ -163,3 +163,17 @@ def test_bad_input_subprocess_has_no_traceback(tmp_path):
     )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == f"error: {path}: budget.max_dollars: Input should be greater than 0"
+
+
+def test_plan_ranks_the_engines_the_experiment_lists(tmp_path, capsys):
+    path = write_experiment(tmp_path, "engines", lambda d: d.update(engines=["megatron", "fsdp"]))
+    assert main(["plan", str(path), "--top", "50", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    engines = {r["plan"]["engine"] for r in ranked}
+    assert engines == {"megatron", "fsdp"}  # no deepspeed plan: the experiment did not list it
+    assert main(["plan", str(path), "--engines", "deepspeed", "--top", "3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plans_evaluated"] == 3849 and {r["plan"]["engine"] for r in data["ranked"]} == {"deepspeed"}
+    assert main(["plan", str(path), "--engines", "torch"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--engines" in err and "allowed: deepspeed, fsdp" in err

@@ -79,7 +79,7 @@ CASES = [
 @pytest.mark.parametrize(("model", "cluster", "batch"), CASES, ids=lambda x: getattr(x, "name", None))
 def test_vectorised_filter_agrees_with_plan_problem_on_every_candidate(model, cluster, batch):
     workload = Workload(seq_len=128, global_batch_sequences=batch, tokens_to_train=1e6)
-    table = candidate_table(cluster, workload, max_micro_batch=16, max_cp=4)
+    table = candidate_table(cluster, workload, max_micro_batch=16, max_cp=4, engines=ENGINE_CODES)
     codes = problem_codes(table, model, cluster, workload)
     expected = np.array(
         [
@@ -102,7 +102,8 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         offload_params=rng.random(n) < 0.3,
         micro_batch=rng.integers(1, 5, n), grad_accum=rng.integers(1, 5, n), recompute=rng.integers(0, 3, n),
         sequence_parallel=rng.random(n) < 0.3, precision=rng.integers(0, 3, n),
-        cp=rng.choice([1, 2, 3, 4], n),
+        cp=rng.choice([1, 2, 3, 4], n), engine=rng.integers(0, 3, n),
+        virtual_stages=rng.choice([1, 1, 2, 3], n),
     )  # fmt: skip
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # tp 2 divides 6, not 3
     workload = Workload(seq_len=130, global_batch_sequences=12, tokens_to_train=1e6)  # cp 4 does not split it
@@ -188,3 +189,37 @@ def test_precision_and_micro_batch_cap_are_applied():
     assert set(plans.micro_batch.tolist()) == {1, 2, 4}
     assert set(plans.precision.tolist()) == {PRECISION_CODES.index("fp32")}
     assert plans.row(0).precision == "fp32"
+
+
+def test_every_engine_is_enumerated_under_its_own_rules():
+    model, cluster = load_model("llama2-13b"), ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, gpus_per_node=8)
+    workload = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
+    table = candidate_table(cluster, workload, engines=ENGINE_CODES)
+    codes = problem_codes(table, model, cluster, workload)
+    result = enumerate_plans(model, cluster, workload, engines=ENGINE_CODES)
+    assert result.invalid_counts == count_codes(codes)
+    assert len(result.plans) == (codes == VALID).sum()
+    plans = result.plans
+    by_engine = {e: int((plans.engine == i).sum()) for i, e in enumerate(ENGINE_CODES)}
+    assert by_engine["deepspeed"] == 3849  # the deepspeed-only count (test_valid_plan_counts.py)
+    fsdp, megatron = plans.take(plans.engine == 1), plans.take(plans.engine == 2)
+    # FSDP: no ZeRO-1, offload all or nothing, no pipeline; Megatron: ZeRO ≤ 1, no offload.
+    assert set(fsdp.zero_stage.tolist()) == {0, 2, 3} and set(fsdp.pp.tolist()) == {1}
+    assert (fsdp.offload_optimizer == fsdp.offload_params).all()
+    assert set(megatron.zero_stage.tolist()) == {0, 1} and not megatron.offload_optimizer.any()
+    # Interleaving only on megatron, with pp·virtual_stages dividing the 40 layers.
+    assert set(megatron.virtual_stages.tolist()) == {1, 2, 4, 5}
+    assert (40 % (megatron.pp * megatron.virtual_stages) == 0).all()
+    assert set(plans.take(plans.engine != 2).virtual_stages.tolist()) == {1}
+    # Ring attention (megatron, fsdp) needs no whole heads per rank: cp 16 with tp 2 on 40 heads.
+    assert ((megatron.cp == 16) & (megatron.tp == 2)).any()
+    assert not ((plans.engine == 0) & (plans.cp == 16) & (plans.tp == 2)).any()
+
+
+def test_several_precisions_are_enumerated_together():
+    cluster = ClusterSpec(gpu="cpu", num_nodes=1, gpus_per_node=2)
+    workload = Workload(seq_len=64, global_batch_sequences=8, tokens_to_train=1e6)
+    one = enumerate_plans(TINY, cluster, workload, max_micro_batch=4)
+    two = enumerate_plans(TINY, cluster, workload, max_micro_batch=4, precision=("bf16", "fp32"))
+    assert len(two.plans) == 2 * len(one.plans) and two.candidates == 2 * one.candidates
+    assert set(two.plans.precision.tolist()) == {PRECISION_CODES.index("bf16"), PRECISION_CODES.index("fp32")}

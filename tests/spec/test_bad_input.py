@@ -35,7 +35,7 @@ def error_of(path: Path) -> SpecError:
         (
             lambda d: d.update(nmae=d.pop("name")),
             "nmae",
-            "unknown field; allowed: alternatives, budget, cluster, goodput, model, name",
+            "unknown field; allowed: alternatives, budget, cluster, engines, goodput, model, name",
         ),
         (lambda d: d["cluster"].update(gpus=8), "cluster.gpus", "allowed: gpu, gpus_per_node, num_nodes"),
         (lambda d: d["budget"].update(max_dollars=-1), "budget.max_dollars", "greater than 0"),
@@ -56,6 +56,9 @@ def error_of(path: Path) -> SpecError:
         ),
         (lambda d: d["workload"].pop("global_batch_sequences"), "workload", "give global_batch_sequences or"),
         (lambda d: d.pop("workload"), "workload", "Field required"),
+        (lambda d: d.update(engines=["torch"]), "engines.0", "'deepspeed', 'fsdp' or 'megatron'"),
+        (lambda d: d.update(engines=[]), "engines", "at least 1 item"),
+        (lambda d: d.update(engines=["fsdp", "fsdp"]), "engines", "engines listed twice"),
     ],
 )
 def test_experiment_errors_name_file_field_and_allowed(tmp_path, edit, field, fragment):

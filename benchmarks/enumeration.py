@@ -1,0 +1,145 @@
+"""The whole plan space at pre-training scale, ranked on one core, against the scalar path.
+
+Llama-3-70B and Llama-3-405B on 1,024, 4,096 and 16,384 H100s (seq 8192, a 16 M-token batch as
+Llama 3 used; Dubey et al. 2024, §3.4) over every engine (deepspeed, megatron, fsdp), every
+dp·tp·pp·cp with cp ≤ 16, megatron's interleaved chunks, ZeRO 0-3, optimizer / parameter offload,
+power-of-two micro-batches ≤ 64, three recompute policies, sequence parallelism and the precisions
+the GPU runs. Each scenario is timed end to end (`rank_plans`: enumerate + vectorised rule filter +
+`estimate_table` + selection), pinned to one core; the in-run baseline is the scalar path
+(`plan_problem` + `estimate()` one plan at a time) on a sample of the same valid plans, extrapolated.
+It also prints the 70B / 1,024-GPU answer, per engine and overall, with its MFU.
+
+Usage: python benchmarks/enumeration.py [--repeats 3] [--scalar-sample 100] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one core: no BLAS threads (set before numpy is imported)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from service.catalog import load_model  # noqa: E402
+from service.costmodel import estimate  # noqa: E402
+from service.planner import rank_plans  # noqa: E402
+from service.spec import Budget, ClusterSpec, ModelSpec, Workload, plan_problem  # noqa: E402
+from service.spec.plan import Precision  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS_PATH = HERE / "results" / "enumeration.json"
+ENGINES = ("deepspeed", "megatron", "fsdp")
+TARGET_S = 1.0
+# Llama 3.1 405B (HF meta-llama/Llama-3.1-405B config.json): not in the catalog, so inline here.
+LLAMA3_405B = ModelSpec(
+    name="llama3-405b",
+    num_layers=126,
+    hidden_size=16384,
+    num_attention_heads=128,
+    num_key_value_heads=8,
+    ffn_hidden_size=53248,
+    vocab_size=128256,
+    mlp="swiglu",
+    tie_word_embeddings=False,
+)
+
+
+def precisions(gpu: str) -> tuple[Precision, ...]:
+    """The precisions the planner compares on `gpu` (fp8 where the catalog gives an FP8 rate)."""
+    from service.catalog import load_gpu
+
+    has_fp8 = getattr(load_gpu(gpu), "peak_tflops_fp8", None)
+    return ("bf16", "fp8") if has_fp8 else ("bf16",)  # type: ignore[return-value]
+
+
+def scenario(model: ModelSpec, gpus: int) -> tuple[ModelSpec, ClusterSpec, Workload]:
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=gpus // 8, gpus_per_node=8)  # type: ignore[arg-type]
+    workload = Workload(seq_len=8192, global_batch_tokens=16 * 2**20, tokens_to_train=15e12)
+    return model, cluster, workload
+
+
+def rank(model: ModelSpec, cluster: ClusterSpec, workload: Workload, engines: tuple[str, ...]) -> Any:
+    budget = Budget(objective="throughput")
+    return rank_plans(
+        model,
+        cluster,
+        workload,
+        budget,
+        precision=precisions(cluster.gpu.name),
+        engines=engines,  # type: ignore[arg-type]
+    )
+
+
+def scalar_s_per_plan(
+    model: ModelSpec, cluster: ClusterSpec, workload: Workload, ranking: Any, n: int
+) -> float:
+    """Seconds per plan of the scalar path (validate + estimate one plan) on `n` of the valid plans."""
+    plans = ranking.enumeration.plans
+    rows = range(0, len(plans), max(1, len(plans) // n))
+    started = time.perf_counter()
+    for i in rows:
+        plan = plans.row(i)
+        assert plan_problem(plan, model, cluster, workload) is None
+        estimate(model, cluster, plan, workload)
+    return (time.perf_counter() - started) / len(rows)
+
+
+def best(ranking: Any) -> dict[str, Any]:
+    row = int(ranking.selection.order[0])
+    est = ranking.estimates
+    return {
+        "plan": ranking.enumeration.plans.row(row).short(),
+        "tokens_per_s_per_gpu": round(float(est.tokens_per_s_per_gpu[row]), 1),
+        "mfu": round(float(est.mfu[row]), 4),
+        "memory_gib": round(float(est.total_bytes[row]) / 2**30, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scalar-sample", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=RESULTS_PATH)
+    args = ap.parse_args(argv)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    results: dict[str, Any] = {"one_core": hasattr(os, "sched_setaffinity"), "target_s": TARGET_S}
+    speed = {}
+    for model in (load_model("llama3-70b"), LLAMA3_405B):
+        for gpus in (1024, 4096, 16384):
+            m, c, w = scenario(model, gpus)
+            times = []
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                ranking = rank(m, c, w, ENGINES)
+                times.append(time.perf_counter() - started)
+            scalar = scalar_s_per_plan(m, c, w, ranking, args.scalar_sample)
+            valid = len(ranking.enumeration.plans)
+            speed[f"{model.name}-{gpus}xh100"] = {
+                "candidates": ranking.enumeration.candidates,
+                "valid_plans_ranked": valid,
+                "rank_s_best": round(min(times), 4),
+                "scalar_s_extrapolated": round(scalar * valid, 2),
+                "speedup_vs_scalar": round(scalar * valid / min(times), 1),
+                "meets_target": min(times) < TARGET_S,
+                "best": best(ranking),
+            }
+            print(f"{model.name:12s} {gpus:6d} GPUs: {speed[f'{model.name}-{gpus}xh100']}")
+    results["speed"] = speed
+    m, c, w = scenario(load_model("llama3-70b"), 1024)
+    results["answer_llama3_70b_1024xh100"] = {e: best(rank(m, c, w, (e,))) for e in ENGINES}
+    results["answer_llama3_70b_1024xh100"]["all_engines"] = speed["llama3-70b-1024xh100"]["best"]
+    print("70B / 1,024 H100, seq 8192:", json.dumps(results["answer_llama3_70b_1024xh100"], indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all(s["meets_target"] for s in speed.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

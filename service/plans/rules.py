@@ -1,0 +1,114 @@
+"""`plan_problem` (service/spec/plan.py) restated on numpy columns, every engine's rules included.
+
+`plan_problem` is scalar (one `Plan` at a time, ~10 µs each), too slow for 100,000 plans per second, so
+`problem_codes` checks the same rules in the same order on a `PlanTable`. A row has one engine, so an
+engine's rules are masked to its rows and listed in that engine's own order. tests/plans/
+test_enumerate.py checks, on every candidate of several clusters and on random tables over all engines,
+that both give the same first reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.plans.table import ENGINE_CODES, PlanTable
+from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
+from service.spec.plan import CONTEXT_PARALLEL_RULES
+from service.spec.workload import Workload
+
+# Why a candidate cannot run, in the order `plan_problem` checks its rules (code = index; 0 = valid).
+# Each entry: (short reason for counts and tables, the `plan_problem` field, a fragment of its message).
+INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
+    ("valid", "", ""),
+    ("offload_params without zero_stage 3", "offload_params", "parameter offload needs zero_stage 3"),
+    ("offload_optimizer with zero_stage 0", "offload_optimizer", "optimizer offload needs zero_stage"),
+    ("zero_stage > 1 with pp > 1", "zero_stage", "pipeline parallelism"),
+    ("zero_stage 3 with tp > 1", "zero_stage", "tensor parallelism"),
+    ("fsdp has no zero_stage 1", "zero_stage", "FSDP shards gradients with optimizer states"),
+    ("fsdp offloads all or nothing", "offload_params", "FSDP's CPUOffload moves"),
+    ("fsdp with pp > 1", "pp", "not modelled for fsdp"),
+    ("megatron zero_stage > 1", "zero_stage", "distributed optimizer is zero_stage 1"),
+    ("megatron offload", "offload_optimizer", "Megatron-LM does not offload"),
+    ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
+    ("virtual_stages without pp", "virtual_stages", "virtual_stages > 1 needs pp > 1"),
+    ("virtual_stages off megatron", "virtual_stages", "no interleaved pipeline schedule"),
+    ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
+    ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
+    ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
+    ("pp does not divide layers", "pp", "does not divide num_layers"),
+    ("pp·virtual_stages does not divide layers", "virtual_stages", "does not divide num_layers"),
+    ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
+    ("tp does not divide gpus_per_node", "tp", "must divide gpus_per_node"),
+    ("global batch does not split", "grad_accum", "but the global batch is"),
+    ("seq_len does not split into cp chunks", "cp", "does not split into"),
+)
+VALID = 0
+# Codes 1-12 are about combining choices (what an engine supports), never about the model, cluster or
+# batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:13])
+
+
+def reason_code(problem: tuple[str, str] | None) -> int:
+    """The code of a `plan_problem` answer: matches its field and message against INVALID_REASONS."""
+    if problem is None:
+        return VALID
+    field, message = problem
+    for code, (_, reason_field, fragment) in enumerate(INVALID_REASONS):
+        if code and field == reason_field and fragment in message:
+            return code
+    raise ValueError(f"plan_problem gave a reason the planner does not know: {problem}")
+
+
+def _combination_rules(p: PlanTable) -> list[np.ndarray]:
+    """The rules that need nothing but the plan (`_plan_only_problem` and the engines' rules)."""
+    ds, fsdp, megatron = (p.engine == ENGINE_CODES.index(e) for e in ("deepspeed", "fsdp", "megatron"))
+    return [
+        p.offload_params & (p.zero_stage != 3),
+        p.offload_optimizer & (p.zero_stage == 0),
+        ds & (p.pp > 1) & (p.zero_stage > 1),
+        ds & (p.tp > 1) & (p.zero_stage == 3),
+        fsdp & (p.zero_stage == 1),
+        fsdp & (p.offload_optimizer != p.offload_params),
+        fsdp & (p.pp > 1),
+        megatron & (p.zero_stage > 1),
+        megatron & (p.offload_optimizer | p.offload_params),
+        p.sequence_parallel & (p.tp == 1),
+        (p.virtual_stages > 1) & (p.pp == 1),
+        (p.virtual_stages > 1) & ~megatron,
+    ]
+
+
+def problem_codes(
+    plans: PlanTable, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
+) -> np.ndarray:
+    """Per row, the code (index into INVALID_REASONS) of the first rule `plan_problem` would break.
+
+    The same rules in the same order as service/spec/plan.py; np.select takes the first true one.
+    """
+    p = plans
+    cp_rules = [CONTEXT_PARALLEL_RULES[e] for e in ENGINE_CODES]
+    heads_rule = np.array([r.heads_divisible for r in cp_rules])[p.engine]
+    chunks = p.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[p.engine]
+    split = model.num_layers % (p.pp * p.virtual_stages) != 0
+    rules = [
+        *_combination_rules(p),
+        model.num_attention_heads % p.tp != 0,
+        model.kv_heads % p.tp != 0,
+        heads_rule & ((model.num_attention_heads // p.tp) % p.cp != 0),
+        split & (p.virtual_stages == 1),
+        split & (p.virtual_stages > 1),
+    ]
+    none = np.zeros(len(p), bool)
+    if cluster is not None:
+        gpus_per_node = cluster.gpus_per_node
+        rules.append(p.dp * p.tp * p.pp * p.cp != cluster.num_gpus)
+        rules.append((p.tp > gpus_per_node) | (gpus_per_node % p.tp != 0))
+    else:
+        rules += [none, none]
+    if workload is not None:
+        rules.append(p.micro_batch * p.grad_accum * p.dp != workload.batch_sequences)
+        rules.append((p.cp > 1) & (workload.seq_len % chunks != 0))
+    else:
+        rules += [none, none]
+    return np.select(rules, list(range(1, len(rules) + 1)), default=VALID).astype(np.int8)
