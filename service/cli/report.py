@@ -24,11 +24,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _from_mlflow(run_id: str) -> Path:
     import logging
+    import os
 
-    # A fresh sqlite store logs its schema migration at INFO; a bad id must still be one line.
+    # A fresh sqlite store logs its schema migration at INFO; a bad id must still be one line. MLflow
+    # sets its logger's level from MLFLOW_LOGGING_LEVEL when imported, so the variable, not a level
+    # set beforehand, is what holds (mlflow/utils/logging_utils.py).
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    import mlflow
+
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     from service.spec.tracking import TrackingSpec
@@ -49,7 +54,7 @@ def _from_mlflow(run_id: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from service.report import write_memo
-    from service.run.result import RunResult
+    from service.report.result import RunResult
 
     source = Path(args.source)
     if source.is_dir():
