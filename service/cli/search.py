@@ -1,5 +1,5 @@
 """`python -m service search EXPERIMENT.yaml --space SPACE.yaml [--algorithm grid|random|bayes]
-[--max-trials N] [--resume PATH] [--json]`
+[--max-trials N] [--pending-timeout S] [--resume PATH] [--json]`
 
 Runs a search on the local Ray (or RAY_ADDRESS) with a progress bar on stderr, records it in MLflow,
 prints the trials, the selected plan, the pruned plans and the MLflow run (or, with --json, one JSON
@@ -22,6 +22,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--space", help="Search-space YAML (see search_spaces/).")
     parser.add_argument("--algorithm", choices=("grid", "random", "bayes"), help="Default: the space's.")
     parser.add_argument("--max-trials", type=int, help="Most trials to launch. Default: the space's.")
+    parser.add_argument(
+        "--pending-timeout",
+        type=float,
+        metavar="S",
+        help="A trial whose workers are not placed within S seconds is recorded as unschedulable and "
+        "the search goes on. Default: the space's (600).",
+    )
     parser.add_argument("--resume", metavar="PATH", help="Continue the search saved in PATH (its folder).")
     parser.add_argument("--json", action="store_true", help="Print one JSON document on stdout.")
 
@@ -33,10 +40,13 @@ def _make_search(args: argparse.Namespace) -> Any:
 
     if args.max_trials is not None and args.max_trials <= 0:
         raise SpecError("--max-trials", f"must be positive, got {args.max_trials}")
+    if args.pending_timeout is not None and args.pending_timeout <= 0:
+        raise SpecError("--pending-timeout", f"must be positive, got {args.pending_timeout:g}")
     if args.resume:
-        if args.algorithm or args.max_trials:
+        if args.algorithm or args.max_trials or args.pending_timeout:
             raise SpecError(
-                "--resume", "a resumed search keeps its algorithm and max trials; drop those flags"
+                "--resume",
+                "a resumed search keeps its algorithm, max trials and pending timeout; drop those flags",
             )
         search = Search.restore(args.resume, progress=True)
         if args.experiment and load_experiment(args.experiment) != search.experiment:
@@ -55,6 +65,7 @@ def _make_search(args: argparse.Namespace) -> Any:
         load_space(args.space),
         algorithm=args.algorithm,
         max_trials=args.max_trials,
+        pending_timeout_s=args.pending_timeout,
         progress=True,
     )
 
@@ -80,6 +91,11 @@ def _report(result: Any) -> str:
     for p in result.pruned:
         kinds[p.kind] = kinds.get(p.kind, 0) + 1
     lines.append(f"pruned: {len(result.pruned)}" + (f" ({kinds})" if kinds else ""))
+    if result.num_unschedulable:
+        lines.append(
+            f"unschedulable: {result.num_unschedulable} trials whose workers the cluster did not place in "
+            "time (too small or busy; --pending-timeout waits longer)"
+        )
     lines.append(f"stopped: {result.stopped_reason}")
     tracking = result.tracking
     where = f"{tracking.get('uri')} (experiment {tracking.get('experiment')})"

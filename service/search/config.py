@@ -37,7 +37,10 @@ class SearchConfig:
         max_trials: most trials to launch; None: the space's, else every candidate.
         patience: stop after this many ended trials without a new best; None: the space's.
         steps: optimizer steps per trial; None: the space's, else the experiment's proxy.steps.
-        trial_timeout_s: a trial running longer is recorded as a hang; None: the space's.
+        trial_timeout_s: a trial running longer (once its workers are placed) is recorded as a hang;
+            None: the space's.
+        pending_timeout_s: a trial whose workers are not placed this long after it started is recorded
+            as unschedulable and the search goes on; None: the space's (default 600 s).
         seed: seed of the random order and the TPE sampler; None: the space's.
         guided: prune predicted-OOM plans and launch in predicted order (False: the plain grid
             baseline that launches every valid plan in the space's order).
@@ -48,6 +51,7 @@ class SearchConfig:
     patience: int | None = None
     steps: int | None = None
     trial_timeout_s: float | None = None
+    pending_timeout_s: float | None = None
     seed: int | None = None
     guided: bool = True
 
@@ -56,7 +60,7 @@ class SearchConfig:
             raise SpecError(
                 "algorithm", f"unknown algorithm {self.algorithm!r}; allowed: grid, random, bayes"
             )
-        for name in ("max_trials", "steps", "trial_timeout_s"):
+        for name in ("max_trials", "steps", "trial_timeout_s", "pending_timeout_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SpecError(name, f"must be positive, got {value}")

@@ -61,14 +61,16 @@ class Search:
     Args:
         experiment: `ExperimentSpec` or a path to its YAML.
         space: `SearchSpace`, a path to its YAML, or the same data as a dict.
-        config: how the search runs (algorithm, max_trials, patience, steps, trial_timeout_s, seed,
-            guided); see `SearchConfig`.
+        config: how the search runs (algorithm, max_trials, patience, steps, trial_timeout_s,
+            pending_timeout_s, seed, guided); see `SearchConfig`.
         run_config: where it is kept and what it shows (storage_path, name, progress); see `RunConfig`.
         algorithm: grid (model order), random, or bayes (Optuna TPE); default: the space's.
         max_trials: most trials to launch; default: the space's, else every candidate.
         patience: stop after this many ended trials without a new best; default: the space's.
         steps: optimizer steps per trial; default: the space's, else proxy.steps.
         trial_timeout_s: a trial running longer is recorded as a hang; default: the space's.
+        pending_timeout_s: a trial whose workers are not placed within this is recorded as
+            unschedulable; default: the space's.
         guided: prune predicted-OOM plans and order by prediction (False: the plain grid baseline).
         storage_path: where Tune keeps the search (default: $SERVICE_SEARCH_DIR, else
             `<repo>/ray_results/search`).
@@ -99,6 +101,7 @@ class Search:
         patience: int | None = None,
         steps: int | None = None,
         trial_timeout_s: float | None = None,
+        pending_timeout_s: float | None = None,
         guided: bool | None = None,
         storage_path: str | Path | None = None,
         name: str | None = None,
@@ -114,7 +117,7 @@ class Search:
             self.space = load_space(space) if isinstance(space, str | Path) else space_from_dict(space)
         given = dict(
             algorithm=algorithm, max_trials=max_trials, patience=patience, steps=steps,
-            trial_timeout_s=trial_timeout_s, seed=seed, guided=guided,
+            trial_timeout_s=trial_timeout_s, pending_timeout_s=pending_timeout_s, seed=seed, guided=guided,
         )  # fmt: skip
         self.config = SearchConfig(**merge(config or SearchConfig(), given))
         run = RunConfig(
@@ -130,6 +133,7 @@ class Search:
         self.patience = settings.patience if self.config.patience is None else self.config.patience
         self.steps = self.config.steps or settings.steps or self.experiment.proxy.steps
         self.trial_timeout_s = self.config.trial_timeout_s or settings.trial_timeout_s
+        self.pending_timeout_s = self.config.pending_timeout_s or settings.pending_timeout_s
         self.seed = settings.seed if self.config.seed is None else self.config.seed
         self.guided = self.config.guided
         self.progress = run.progress
@@ -147,7 +151,10 @@ class Search:
         return self.storage_path / self.name
 
     # -- persistence -------------------------------------------------------------------------------
-    _SETTINGS = ("algorithm", "max_trials", "patience", "steps", "trial_timeout_s", "seed", "guided")
+    _SETTINGS = (
+        "algorithm", "max_trials", "patience", "steps", "trial_timeout_s", "pending_timeout_s", "seed",
+        "guided",
+    )  # fmt: skip
 
     def _state(self) -> dict[str, Any]:
         """Everything `restore` needs, as JSON: specs, settings, store, and the pruning it decided."""
@@ -246,6 +253,7 @@ class Search:
             algorithm=self.algorithm,
             steps=self.steps,
             trial_timeout_s=self.trial_timeout_s,
+            pending_timeout_s=self.pending_timeout_s,
             seed=self.seed,
             patience=self.patience,
             planned_trials=self._planned_trials(pr),

@@ -30,7 +30,10 @@ from service.tracking.tracker import tracker_for
 from service.tracking.uri import TrackingTarget, repo_root
 
 MAX_PRUNED_RUNS = 200
-_STATUS_TO_RUN = {"ok": "FINISHED", "stopped_early": "KILLED"}
+# MLflow run state per trial status; any other status (oom, failed, invalid, hang) is FAILED. An
+# unschedulable trial never ran: the search stopped waiting for it, as it stops an ASHA trial (KILLED),
+# and its `trial_status` tag says which; FAILED would read as a crash of the plan.
+_STATUS_TO_RUN = {"ok": "FINISHED", "stopped_early": "KILLED", "unschedulable": "KILLED"}
 
 
 def parent_key(search_id: str) -> str:
@@ -116,6 +119,7 @@ def finish_search(target: TrackingTarget, search_id: str, result: SearchResult) 
         "num_trials": len(result.trials),
         "num_ok": sum(t.status == "ok" for t in result.trials),
         "num_infeasible": result.num_errors,
+        "num_unschedulable": result.num_unschedulable,
         "num_pruned": len(result.pruned),
     }
     tags = {"search_status": "finished", "stopped_reason": result.stopped_reason or "all planned trials ran"}
@@ -216,9 +220,10 @@ class TrialRecorder(Callback):
             **{f"final_measured_{k}": v for k, v in measured.items()},
             **{f"final_predicted_{k}": v for k, v in (predicted or self._predicted_plain(plan_key)).items()},
         }
-        tracker.log_batch(
-            key, metrics=final, tags={"trial_status": status, "trial_reason": reason[:4000]}, step=step
-        )
+        tags = {"trial_status": status, "trial_reason": reason[:4000]}
+        if status == "unschedulable":
+            tags["mlflow.note.content"] = f"Never ran: {reason}"
+        tracker.log_batch(key, metrics=final, tags=tags, step=step)
         self._log_artifacts(key, trial, plan_key)
         tracker.end_run(key, _STATUS_TO_RUN.get(status, "FAILED"))
 

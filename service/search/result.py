@@ -18,6 +18,8 @@ from service.spec.plan import Plan
 
 FEASIBLE = ("ok", "stopped_early")
 INFEASIBLE = ("oom", "failed", "invalid", "hang")
+# Never ran: the cluster did not place the trial's workers in time. Says nothing about the plan.
+UNSCHEDULABLE = "unschedulable"
 
 
 class TrialRecord(BaseModel):
@@ -28,7 +30,7 @@ class TrialRecord(BaseModel):
     trial_id: str
     key: str
     plan: Plan
-    status: str  # ok | stopped_early | oom | failed | invalid | hang
+    status: str  # ok | stopped_early | oom | failed | invalid | hang | unschedulable
     reason: str = ""
     steps: int = 0
     measured: dict[str, float] = {}
@@ -167,7 +169,13 @@ class SearchResult:
 
     @property
     def num_errors(self) -> int:
+        """Trials that ran and failed (oom, failed, invalid, hang)."""
         return sum(t.status in INFEASIBLE for t in self.trials)
+
+    @property
+    def num_unschedulable(self) -> int:
+        """Trials whose workers the cluster never placed in time."""
+        return sum(t.status == UNSCHEDULABLE for t in self.trials)
 
     def get_dataframe(self) -> Any:
         """All trials as a pandas table: plan fields, status, reason, measured_* and predicted_* columns."""

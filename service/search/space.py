@@ -168,7 +168,16 @@ class SearchSettings(BaseModel):
         None, gt=0, description="Stop after this many finished trials without improving the best."
     )
     steps: int | None = Field(None, gt=0, description="Optimizer steps per trial; default: proxy.steps.")
-    trial_timeout_s: float = Field(900.0, gt=0, description="A trial still running after this is a hang.")
+    trial_timeout_s: float = Field(
+        900.0, gt=0, description="A trial still running this long after its workers were placed is a hang."
+    )
+    # Cloud GPU nodes take minutes to boot (3-8 min is common for 8-GPU instances), and a trial may
+    # wait behind the trials before it for capacity; 10 minutes covers both on a healthy cluster.
+    pending_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="A trial whose workers are not placed this long after it started is unschedulable.",
+    )
     asha: AshaSettings | None = Field(
         default_factory=AshaSettings, description="null turns early stopping off."
     )  # type: ignore[arg-type]

@@ -120,18 +120,37 @@ class PlacementGroupSweeper(Callback):
             self.removed += remove_orphaned_placement_groups()
 
 
+def _placement_groups() -> Any:
+    """This cluster's placement groups as the GCS keeps them (its protobuf records) and their type."""
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    table_data: Any = gcs_pb2.PlacementGroupTableData  # type: ignore[attr-defined]  # generated protobuf
+    raws = state._connect_and_get_accessor().get_placement_group_table()
+    return table_data, [table_data.FromString(raw) for raw in raws]
+
+
+def placement_group_created(creator_actor_id: str) -> bool:
+    """Whether a placement group made by the actor `creator_actor_id` (hex) has all its bundles
+    reserved: for a Train controller, its workers' resources are there."""
+    import ray
+
+    table_data, groups = _placement_groups()
+    return any(
+        ray.ActorID(info.creator_actor_id).hex() == creator_actor_id and info.state == table_data.CREATED
+        for info in groups
+    )
+
+
 def remove_orphaned_placement_groups() -> int:
     """Removes this job's placement groups whose creating actor is dead; returns how many."""
     import ray
-    from ray._private.state import state
-    from ray.core.generated import gcs_pb2
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-    table_data: Any = gcs_pb2.PlacementGroupTableData  # type: ignore[attr-defined]  # generated protobuf
+    table_data, groups = _placement_groups()
     job_id = ray.get_runtime_context().get_job_id()
     removed = 0
-    for raw in state._connect_and_get_accessor().get_placement_group_table():
-        info = table_data.FromString(raw)
+    for info in groups:
         alive = info.state != table_data.REMOVED
         by_actor = not ray.ActorID(info.creator_actor_id).is_nil()  # driver-made groups count as "dead"
         ours = ray.JobID(info.creator_job_id).hex() == job_id

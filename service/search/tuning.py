@@ -25,6 +25,9 @@ LAUNCH_ORDER_FILE = "launch_order.txt"
 # driver) while that trial is known to be at step K. A restored search builds its trainable afresh
 # and so stalls only if the variable is set again.
 STALL_ENV = "SERVICE_TEST_STALL_TRIAL"
+# Test hook: JSON {"plan": key, "resources": {"unobtainium": 1}} adds those resources to each worker of
+# that plan's trial, so a test can have one trial ask for what the cluster never has (unschedulable).
+RESOURCES_ENV = "SERVICE_TEST_TRIAL_RESOURCES"
 _DRIVER_RESOURCES = {"CPU": 0.01}  # a trial's driver only waits on its TorchTrainer (Tune refuses 0)
 
 
@@ -40,6 +43,7 @@ class TunerSettings:
     algorithm: str
     steps: int
     trial_timeout_s: float
+    pending_timeout_s: float
     seed: int
     patience: int | None
     planned_trials: int
@@ -74,7 +78,9 @@ def trainable(search: TunerSettings, pr: PruneResult) -> Any:
         runs_path=str(search.path / "proxy_runs"),
         steps=search.steps,
         timeout_s=search.trial_timeout_s,
+        pending_timeout_s=search.pending_timeout_s,
         stall=json.loads(os.environ[STALL_ENV]) if os.environ.get(STALL_ENV) else None,
+        extra_resources=json.loads(os.environ[RESOURCES_ENV]) if os.environ.get(RESOURCES_ENV) else None,
     )
     return tune.with_resources(tune.with_parameters(run_trial, setup=setup), _DRIVER_RESOURCES)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from service.search.prune import PrunedPlan
 from service.search.result import SearchResult, TrialRecord, split_metrics, trial_outcome
-from service.search.trial import _earlier_outcome, _fit
+from service.search.trial import STARTED_EVENT, _earlier_outcome, _fit, workers_placed
 from service.spec import Plan
 
 STEP = {"step": 5.0, "loss": 6.1, "tokens_per_s": 1200.0, "measured_peak_memory_bytes_per_rank": 9e8,
@@ -83,6 +83,61 @@ def test_fit_classifies_outcomes_and_times_out_hangs(tmp_path: Path) -> None:
     status, reason = _fit(_Trainer("hang"), 0.5, log)
     assert status == "hang" and "did not finish within 0.5 s" in reason
     assert time.monotonic() - started < 5
+
+
+class _Scaling:
+    num_workers, resources_per_worker, use_gpu = 2, {"CPU": 1}, True
+
+
+class _PendingTrainer:
+    """Its workers are placed after `placed_after_s` (None: never), then it runs for 30 s."""
+
+    scaling_config = _Scaling()
+
+    def __init__(self, run_dir: Path, placed_after_s: float | None):
+        self.run_dir, self.placed_after_s = run_dir, placed_after_s
+
+    def fit(self) -> None:
+        if self.placed_after_s is not None:
+            time.sleep(self.placed_after_s)
+            with (self.run_dir / "proxy_log.jsonl").open("a") as f:
+                f.write(f'{{"event": "{STARTED_EVENT}", "time": {time.time()}}}\n')
+        time.sleep(30)
+
+
+def test_fit_ends_a_trial_whose_workers_are_never_placed_as_unschedulable(tmp_path: Path) -> None:
+    log = tmp_path / "trial.log"
+    started = time.monotonic()
+    status, reason = _fit(
+        _PendingTrainer(tmp_path, None), 60.0, log, pending_timeout_s=0.5, run_dir=tmp_path, extra={"x": 1.0}
+    )
+    assert status == "unschedulable", reason
+    wanted = "unschedulable: 2 workers of {'CPU': 1, 'GPU': 1.0, 'x': 1.0} each were not placed within 0.5 s"
+    assert reason == wanted
+    assert time.monotonic() - started < 5
+
+
+def test_fit_counts_the_hang_timeout_from_the_placement(tmp_path: Path) -> None:
+    # Placed after 1.5 s, longer than the 1 s hang timeout: a clock started at fit() would call the
+    # trial a hang before its workers even ran; counted from the placement it is a hang at ~2.5 s.
+    (tmp_path / "proxy_log.jsonl").write_text(f'{{"event": "{STARTED_EVENT}", "time": 1.0}}\n')  # stale
+    started = time.monotonic()
+    status, reason = _fit(
+        _PendingTrainer(tmp_path, 1.5), 1.0, tmp_path / "trial.log", pending_timeout_s=10, run_dir=tmp_path
+    )
+    elapsed = time.monotonic() - started
+    assert status == "hang" and reason == "hang: the trial did not finish within 1 s"
+    assert 2.4 < elapsed < 6, elapsed
+    assert workers_placed(tmp_path, since=0.0) and workers_placed(tmp_path, since=2.0)
+    assert not workers_placed(tmp_path, since=time.time() + 1)  # an earlier attempt's events do not count
+
+
+def test_unschedulable_trials_are_counted_apart_from_errors() -> None:
+    trials = [_record("a", "ok", 100.0), _record("b", "unschedulable", None), _record("c", "hang", None)]
+    result = SearchResult("tokens_per_s", "max", trials, [], None, "/tmp/x")
+    assert (result.num_errors, result.num_unschedulable) == (1, 1)
+    final = {"trial_status": "unschedulable", "trial_reason": "unschedulable: 2 workers ...", "done": 1.0}
+    assert trial_outcome([final], None, steps=5) == ("unschedulable", "unschedulable: 2 workers ...", 0)
 
 
 def test_earlier_outcome_recognises_a_finished_run(tmp_path: Path) -> None:
