@@ -17,7 +17,6 @@ FLAGS = {
     "dp": "--gpus",
     "tp": "--tp",
     "pp": "--pp",
-    "cp": "--cp",
     "zero_stage": "--zero",
     "offload_optimizer": "--offload-optimizer",
     "offload_params": "--offload-params",
@@ -26,6 +25,11 @@ FLAGS = {
     "grad_accum": "--grad-accum",
     "virtual_stages": "--virtual-stages",
     "engine": "--engine",
+    "cp": "--cp",
+    "zero_hpz_partition_size": "--zero-hpz",
+    "mics_shard_size": "--mics-shard-size",
+    "zero_quantized_weights": "--zero-quantized-weights",
+    "zero_quantized_gradients": "--zero-quantized-gradients",
 }
 
 
@@ -71,6 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage.")
     a("--offload-optimizer", action="store_true", help="Optimizer states and step on CPU (ZeRO 1-3).")
     a("--offload-params", action="store_true", help="Parameters on CPU between uses (ZeRO 3).")
+    a(
+        "--zero-hpz",
+        type=_positive_int,
+        default=1,
+        help="ZeRO++ hpZ: secondary parameter partition over N ranks of a node (ZeRO 3, deepspeed; 1 = off).",
+    )
+    a(
+        "--mics-shard-size",
+        type=int,
+        default=0,
+        help="MiCS: shard model states within groups of N ranks (ZeRO 3, deepspeed; 0 = off).",
+    )
+    a("--zero-quantized-weights", action="store_true", help="ZeRO++ qwZ: int8 weight all-gathers.")
+    a("--zero-quantized-gradients", action="store_true", help="ZeRO++ qgZ: int4 gradient reduction.")
     a("--micro-batch", type=_positive_int, default=1, help="Sequences per micro-batch per DP rank.")
     a("--grad-accum", type=_positive_int, default=1, help="Micro-batches per optimizer step.")
     a("--seq-len", type=_positive_int, default=4096, help="Tokens per sequence (default 4096).")
@@ -154,7 +172,12 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         micro_batch=args.micro_batch, grad_accum=args.grad_accum, recompute=args.recompute,
         sequence_parallel=args.sequence_parallel, precision=args.precision,
         virtual_stages=args.virtual_stages, engine=args.engine,
+        zero_hpz_partition_size=args.zero_hpz, mics_shard_size=args.mics_shard_size,
+        zero_quantized_weights=args.zero_quantized_weights,
+        zero_quantized_gradients=args.zero_quantized_gradients,
     )  # fmt: skip
+    if args.mics_shard_size < 0:
+        raise SpecError("--mics-shard-size", f"must be 0 (off) or more, got {args.mics_shard_size}")
     if not 0 <= args.headroom < 1:
         raise SpecError("--headroom", f"must be in [0, 1), got {args.headroom}")
     if args.tokens_to_train <= 0:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.costmodel import comm, compute, context
+from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
@@ -50,10 +51,11 @@ class _Memory:
 def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.ndarray, ...]:
     """(params, grads, optimizer) on the GPU and bytes moved to the host, for Ψ = `psi` params."""
     pb, gb, ob = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    shards = p.dp * p.cp  # ZeRO shards over the data- and context-parallel ranks (costmodel/context.py)
+    shards = hz.shard_ranks(p)  # dp·cp ranks, or MiCS's shard group (costmodel/hierarchical_zero.py)
     params, grads, optimizer = mem.zero_sharded_bytes(psi, shards, p.zero_stage, pb, gb, ob)
     persistent = mem.zero3_persistent_params(model, p.tp, p.pp)
     params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / shards), params)
+    params = params + hz.hpz_secondary_bytes(psi - persistent, pb, p.zero_hpz_partition_size)
     # ZeRO-Offload keeps optimizer states (and, from stage 2, the fp32 gradient partition) on the host;
     # ZeRO-Infinity parameter offload keeps the partitioned parameters there (Ren et al. 2021, §4).
     # Stage 2 accumulates gradients straight into the host buffer; stage 3 also keeps its device-side
@@ -266,6 +268,7 @@ def _data_parallel_and_offload(
     ar = comm.all_reduce_time_s(grads_b, shards, p.tp, gpn, gpu, buckets, net)
     rs = comm.reduce_scatter_time_s(grads_b, shards, p.tp, gpn, gpu, collectives, net)
     ag = comm.all_gather_time_s(params_b, shards, p.tp, gpn, gpu, collectives, net)
+    z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net)
     ga = p.grad_accum
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
@@ -274,8 +277,9 @@ def _data_parallel_and_offload(
             np.maximum(0.0, rs - bwd) + ag,
             ga * np.maximum(0.0, rs - bwd) + np.where(fsdp, np.maximum(0.0, ag - fwd), ag),
         ],
-        ga * np.maximum(0.0, 2 * ag + rs - (fwd + bwd)),
+        ga * np.maximum(0.0, z3.per_micro_batch - (fwd + bwd)) + z3.per_step,
     )
+    shards = hz.shard_ranks(p)
     shard = psi / np.where(p.zero_stage >= 1, shards, 1)
     cpu_step = shard / (gpu.cpu_adam_gparams_per_s * 1e9)
     grads_down = comm.host_transfer_time_s(shard * gb, gpu)

@@ -96,16 +96,52 @@ def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Seque
     )
 
 
+def zero_variants(gpus_per_node: int) -> list[tuple[int, int, bool, bool]]:
+    """(hpZ size, MiCS shard, qwZ, qgZ) tried on DeepSpeed ZeRO-3 plans besides plain ZeRO-3: hpZ in a
+    node, ZeRO++'s full recipe (hpZ + qwZ + qgZ, Wang et al. 2023 §4), quantized collectives alone, and
+    MiCS sharding in one node and in two (Zhang et al. 2022, §3)."""
+    n = gpus_per_node
+    return [
+        (n, 0, False, False),
+        (n, 0, True, True),
+        (1, 0, True, True),
+        (1, n, False, False),
+        (1, 2 * n, False, False),
+    ]
+
+
+def _with_zero_variants(table: PlanTable, gpus_per_node: int) -> PlanTable:
+    """`table` plus, for each of its ZeRO-3 rows, one row per `zero_variants` setting."""
+    z3 = table.take(table.zero_stage == 3)
+    extra = [
+        dataclasses.replace(
+            z3,
+            zero_hpz_partition_size=np.full(len(z3), hpz, dtype=np.int64),
+            mics_shard_size=np.full(len(z3), mics, dtype=np.int64),
+            zero_quantized_weights=np.full(len(z3), qw),
+            zero_quantized_gradients=np.full(len(z3), qg),
+        )
+        for hpz, mics, qw, qg in zero_variants(gpus_per_node)
+    ]
+    return concat([table, *extra])
+
+
 def _structures(
     num_gpus: int,
     max_cp: int = 1,
     engines: Sequence[Engine] = ("deepspeed",),
     virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
+    gpus_per_node: int = 8,
 ) -> PlanTable:
     """The rows the structural rules look at, engine by engine: micro_batch 1, grad_accum 1, recompute
-    none."""
+    none. DeepSpeed's ZeRO-3 rows also come with ZeRO++ and MiCS settings (`zero_variants`)."""
     shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
-    return concat([_engine_structures(shapes, e, virtual_stages) for e in engines])
+    tables = [_engine_structures(shapes, e, virtual_stages) for e in engines]
+    tables = [
+        _with_zero_variants(t, gpus_per_node) if e == "deepspeed" else t
+        for t, e in zip(tables, engines, strict=True)
+    ]
+    return concat(tables)
 
 
 def _expand(
@@ -143,7 +179,7 @@ def candidate_table(
     virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
 ) -> PlanTable:
     """The full cross product of choices for `cluster` (valid or not), one row per candidate."""
-    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages)
+    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node)
     return _expand(structures, workload, max_micro_batch, _precisions(precision))
 
 
@@ -185,7 +221,7 @@ def enumerate_plans(
     `max_cp`: the largest context-parallel degree tried (1 = none); `engines`: which engines' plans
     (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron plans.
     """
-    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages)
+    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node)
     structure_codes = problem_codes(structures, model, cluster, workload=None)
     precisions = _precisions(precision)
     per_structure = len(micro_batches(max_micro_batch)) * 3 * len(precisions)

@@ -23,6 +23,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("valid", "", ""),
     ("offload_params without zero_stage 3", "offload_params", "parameter offload needs zero_stage 3"),
     ("offload_optimizer with zero_stage 0", "offload_optimizer", "optimizer offload needs zero_stage"),
+    ("ZeRO++/MiCS off deepspeed", "engine", "are DeepSpeed features"),
+    ("ZeRO++/MiCS without zero_stage 3", "zero_stage", "they need zero_stage 3"),
+    ("MiCS with hpZ", "mics_shard_size", "choose one"),
     ("zero_stage > 1 with pp > 1", "zero_stage", "pipeline parallelism"),
     ("zero_stage 3 with tp > 1", "zero_stage", "tensor parallelism"),
     ("fsdp has no zero_stage 1", "zero_stage", "FSDP shards gradients with optimizer states"),
@@ -38,15 +41,18 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
     ("pp does not divide layers", "pp", "does not divide num_layers"),
     ("pp·virtual_stages does not divide layers", "virtual_stages", "does not divide num_layers"),
+    ("hpZ group does not divide dp·cp", "zero_hpz_partition_size", "does not divide the"),
+    ("MiCS shard does not divide dp·cp", "mics_shard_size", "does not divide the"),
     ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
     ("tp does not divide gpus_per_node", "tp", "must divide gpus_per_node"),
+    ("hpZ group does not divide gpus_per_node", "zero_hpz_partition_size", "must divide gpus_per_node"),
     ("global batch does not split", "grad_accum", "but the global batch is"),
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-12 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-15 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:13])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:16])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -63,9 +69,14 @@ def reason_code(problem: tuple[str, str] | None) -> int:
 def _combination_rules(p: PlanTable) -> list[np.ndarray]:
     """The rules that need nothing but the plan (`_plan_only_problem` and the engines' rules)."""
     ds, fsdp, megatron = (p.engine == ENGINE_CODES.index(e) for e in ("deepspeed", "fsdp", "megatron"))
+    hpz, mics = p.zero_hpz_partition_size > 1, p.mics_shard_size > 0
+    hierarchical = hpz | mics | p.zero_quantized_weights | p.zero_quantized_gradients
     return [
         p.offload_params & (p.zero_stage != 3),
         p.offload_optimizer & (p.zero_stage == 0),
+        hierarchical & ~ds,
+        hierarchical & (p.zero_stage != 3),
+        hpz & mics,
         ds & (p.pp > 1) & (p.zero_stage > 1),
         ds & (p.tp > 1) & (p.zero_stage == 3),
         fsdp & (p.zero_stage == 1),
@@ -98,14 +109,17 @@ def problem_codes(
         heads_rule & ((model.num_attention_heads // p.tp) % p.cp != 0),
         split & (p.virtual_stages == 1),
         split & (p.virtual_stages > 1),
+        (p.dp * p.cp) % p.zero_hpz_partition_size != 0,
+        (p.mics_shard_size > 0) & ((p.dp * p.cp) % np.maximum(p.mics_shard_size, 1) != 0),
     ]
     none = np.zeros(len(p), bool)
     if cluster is not None:
         gpus_per_node = cluster.gpus_per_node
         rules.append(p.dp * p.tp * p.pp * p.cp != cluster.num_gpus)
         rules.append((p.tp > gpus_per_node) | (gpus_per_node % p.tp != 0))
+        rules.append(gpus_per_node % p.zero_hpz_partition_size != 0)
     else:
-        rules += [none, none]
+        rules += [none, none, none]
     if workload is not None:
         rules.append(p.micro_batch * p.grad_accum * p.dp != workload.batch_sequences)
         rules.append((p.cp > 1) & (workload.seq_len % chunks != 0))

@@ -36,6 +36,10 @@ class PlanTable:
     virtual_stages: np.ndarray  # interleaved 1F1B chunks per stage (1 = plain 1F1B)
     engine: np.ndarray  # index into ENGINE_CODES
     cp: np.ndarray  # context-parallel degree (1 = whole sequences per rank)
+    zero_hpz_partition_size: np.ndarray  # ZeRO++ hpZ secondary partition (1 = off)
+    mics_shard_size: np.ndarray  # MiCS shard group (0 = off)
+    zero_quantized_weights: np.ndarray  # ZeRO++ qwZ
+    zero_quantized_gradients: np.ndarray  # ZeRO++ qgZ
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -43,13 +47,18 @@ class PlanTable:
     @classmethod
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
         """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` and
-        `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed."""
+        `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed, the ZeRO++ / MiCS
+        columns to off."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
-        ints |= {"virtual_stages", "engine", "cp"}
+        ints |= {"virtual_stages", "engine", "cp", "zero_hpz_partition_size", "mics_shard_size"}
         n = len(np.asarray(cols["dp"]))
         cols.setdefault("virtual_stages", np.ones(n, dtype=np.int64))
         cols.setdefault("engine", np.zeros(n, dtype=np.int64))  # deepspeed
         cols.setdefault("cp", np.ones(n, dtype=np.int64))
+        cols.setdefault("zero_hpz_partition_size", np.ones(n, dtype=np.int64))
+        cols.setdefault("mics_shard_size", np.zeros(n, dtype=np.int64))
+        cols.setdefault("zero_quantized_weights", np.zeros(n, dtype=bool))
+        cols.setdefault("zero_quantized_gradients", np.zeros(n, dtype=bool))
         return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
 
     @classmethod

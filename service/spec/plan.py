@@ -78,6 +78,24 @@ class Plan(BaseModel):
     offload_params: bool = Field(
         False, description="Parameters on CPU between uses (ZeRO-Infinity, stage 3)."
     )
+    zero_hpz_partition_size: int = Field(
+        1,
+        gt=0,
+        description="ZeRO++ hpZ: ranks of the secondary (intra-node) parameter partition that backward "
+        "gathers from; 1 = off (DeepSpeed ZeRO-3 only; Wang et al. 2023, arXiv 2306.10209, §3.2).",
+    )
+    mics_shard_size: int = Field(
+        0,
+        ge=0,
+        description="MiCS: shard model states within groups of this many ranks, replicated across groups; "
+        "0 = off (DeepSpeed ZeRO-3 only; Zhang et al. 2022, MiCS, arXiv 2205.00119).",
+    )
+    zero_quantized_weights: bool = Field(
+        False, description="ZeRO++ qwZ: int8 weights in the ZeRO-3 all-gathers (DeepSpeed only)."
+    )
+    zero_quantized_gradients: bool = Field(
+        False, description="ZeRO++ qgZ: int4 gradients in the ZeRO-3 reduce-scatter (DeepSpeed only)."
+    )
     micro_batch: int = Field(1, gt=0, description="Sequences per micro-batch per data-parallel rank.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step (pipeline micro-batches).")
     recompute: Recompute = Field("none", description="Activation checkpointing: none, selective, full.")
@@ -111,6 +129,10 @@ class Plan(BaseModel):
         """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2` after
         the pipeline when cp > 1)."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
+        off += f"-hpz{self.zero_hpz_partition_size}" if self.zero_hpz_partition_size > 1 else ""
+        off += f"-mics{self.mics_shard_size}" if self.mics_shard_size else ""
+        off += "-qw" if self.zero_quantized_weights else ""
+        off += "-qg" if self.zero_quantized_gradients else ""
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
         vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         vs += f"-cp{self.cp}" if self.cp > 1 else ""
@@ -128,6 +150,9 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "offload_params", "parameter offload needs zero_stage 3"
     if plan.offload_optimizer and plan.zero_stage == 0:
         return "offload_optimizer", "optimizer offload needs zero_stage 1, 2 or 3"
+    hierarchical = _hierarchical_zero_problem(plan)
+    if hierarchical:
+        return hierarchical
     engine = _ENGINE_RULES[plan.engine](plan)
     if engine:
         return engine
@@ -138,6 +163,30 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
     if plan.virtual_stages > 1 and plan.engine != "megatron":
         # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only; FSDP has no pipeline here.
         return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
+    return None
+
+
+def uses_hierarchical_zero(plan: Plan) -> bool:
+    """Whether the plan turns on ZeRO++ (hpZ, qwZ, qgZ) or MiCS."""
+    return (
+        plan.zero_hpz_partition_size > 1
+        or plan.mics_shard_size > 0
+        or plan.zero_quantized_weights
+        or plan.zero_quantized_gradients
+    )
+
+
+def _hierarchical_zero_problem(plan: Plan) -> tuple[str, str] | None:
+    # ZeRO++ and MiCS live in DeepSpeed's stage-3 engine (deepspeed/runtime/zero/stage3.py, mics.py;
+    # DeepSpeed config docs: "zero_hpz_partition_size", "zero_quantized_weights", "mics_shard_size").
+    if not uses_hierarchical_zero(plan):
+        return None
+    if plan.engine != "deepspeed":
+        return "engine", f"ZeRO++ (hpZ, qwZ, qgZ) and MiCS are DeepSpeed features; {plan.engine} has none"
+    if plan.zero_stage != 3:
+        return "zero_stage", "ZeRO++ (hpZ, qwZ, qgZ) and MiCS partition parameters: they need zero_stage 3"
+    if plan.zero_hpz_partition_size > 1 and plan.mics_shard_size > 0:
+        return "mics_shard_size", "MiCS and hpZ are two ways to keep gathers in a node; choose one"
     return None
 
 
@@ -204,11 +253,24 @@ def plan_problem(
             return "pp", f"pp {plan.pp} does not divide num_layers {model.num_layers}"
         chunks = plan.pp * plan.virtual_stages
         return "virtual_stages", f"pp·virtual_stages = {chunks} does not divide num_layers {model.num_layers}"
+    zero_ranks = plan.dp * plan.cp  # the ranks ZeRO shards over (costmodel/context.py)
+    if zero_ranks % plan.zero_hpz_partition_size:
+        hpz = plan.zero_hpz_partition_size
+        message = f"hpZ group {hpz} does not divide the {zero_ranks} ZeRO ranks (dp·cp)"
+        return "zero_hpz_partition_size", message
+    if plan.mics_shard_size and zero_ranks % plan.mics_shard_size:
+        mics = plan.mics_shard_size
+        return "mics_shard_size", f"MiCS shard {mics} does not divide the {zero_ranks} ZeRO ranks (dp·cp)"
     if cluster is not None:
         if plan.num_gpus != cluster.num_gpus:
             return "dp", f"dp·tp·pp·cp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"
         if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
             return "tp", f"tp {plan.tp} must divide gpus_per_node {cluster.gpus_per_node}"
+        if cluster.gpus_per_node % plan.zero_hpz_partition_size:
+            # hpZ's secondary partition sits inside a node so that backward gathers over NVLink.
+            hpz = plan.zero_hpz_partition_size
+            message = f"hpZ group {hpz} must divide gpus_per_node {cluster.gpus_per_node}"
+            return "zero_hpz_partition_size", message
     if workload is not None and plan.sequences_per_step != workload.batch_sequences:
         return (
             "grad_accum",

@@ -1,5 +1,6 @@
-"""DeepSpeed ZeRO buffer settings, derived from the model. Shared by the cost model (which predicts the
-memory these buffers take) and the DeepSpeed config builder (which writes them), so both agree.
+"""DeepSpeed ZeRO buffer settings, derived from the model, and the ZeRO++ / MiCS config keys of a plan.
+Shared by the cost model (which predicts the memory these buffers take) and the DeepSpeed config
+builder (which writes them), so both agree.
 
 The values follow Hugging Face's `"auto"` convention for DeepSpeed configs
 (transformers/integrations/deepspeed.py: reduce_bucket_size = h², stage3_prefetch_bucket_size = 0.9·h²,
@@ -10,8 +11,12 @@ fixed 5e8-element defaults (a 1-2 GB buffer that would dwarf a small proxy).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from service.spec.model import ModelSpec
+
+if TYPE_CHECKING:
+    from service.spec.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -33,3 +38,32 @@ class ZeroKnobs:
             stage3_prefetch_bucket_elements=int(0.9 * h * h),
             stage3_param_persistence_threshold=10 * h,
         )
+
+
+def hierarchical_zero_config(plan: Plan, gpus_per_node: int) -> dict[str, Any]:
+    """The `zero_optimization` keys that turn on the plan's ZeRO++ / MiCS settings ({} when none).
+
+    DeepSpeed config docs ("ZeRO++", "MiCS"; deepspeed/runtime/zero/config.py): `zero_hpz_partition_size`
+    (hpZ secondary partition, ideally the GPUs of a node), `zero_quantized_weights` (qwZ),
+    `zero_quantized_gradients` (qgZ), `mics_shard_size` and `mics_hierarchical_params_gather` (gather
+    inside a node first when a shard group spans nodes). Merge the result into the stage-3 section.
+
+    Example:
+        >>> from service.spec.plan import Plan
+        >>> hierarchical_zero_config(Plan(dp=16, zero_stage=3, zero_hpz_partition_size=8,
+        ...     zero_quantized_weights=True, zero_quantized_gradients=True), 8)
+        {'zero_hpz_partition_size': 8, 'zero_quantized_weights': True, 'zero_quantized_gradients': True}
+        >>> hierarchical_zero_config(Plan(dp=32, zero_stage=3, mics_shard_size=16), 8)
+        {'mics_shard_size': 16, 'mics_hierarchical_params_gather': True}
+    """
+    keys: dict[str, Any] = {}
+    if plan.zero_hpz_partition_size > 1:
+        keys["zero_hpz_partition_size"] = plan.zero_hpz_partition_size
+    if plan.zero_quantized_weights:
+        keys["zero_quantized_weights"] = True
+    if plan.zero_quantized_gradients:
+        keys["zero_quantized_gradients"] = True
+    if plan.mics_shard_size:
+        keys["mics_shard_size"] = plan.mics_shard_size
+        keys["mics_hierarchical_params_gather"] = plan.mics_shard_size > gpus_per_node
+    return keys

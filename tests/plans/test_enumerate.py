@@ -18,8 +18,9 @@ from service.plans.enumerate import (
     micro_batches,
     problem_codes,
     reason_code,
+    zero_variants,
 )
-from service.plans.table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable
+from service.plans.table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable, concat
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, check_plan, plan_problem
 
 TINY = ModelSpec(
@@ -92,10 +93,23 @@ def test_vectorised_filter_agrees_with_plan_problem_on_every_candidate(model, cl
     assert len(set(codes.tolist())) >= 6
 
 
+def _zero3_grid() -> PlanTable:
+    """DeepSpeed ZeRO-3 rows over dp, cp, hpZ and MiCS sizes, where the ZeRO++ / MiCS size rules bite."""
+    dp, cp, hpz, mics = (
+        g.ravel() for g in np.meshgrid([1, 2, 3, 6], [1, 2, 3], [1, 2, 4], [0, 0, 2, 3], indexing="ij")
+    )
+    ones = np.ones(len(dp), dtype=np.int64)
+    return PlanTable.from_columns(
+        dp=dp, tp=ones, pp=ones, cp=cp, zero_stage=ones * 3, offload_optimizer=ones == 0,
+        offload_params=ones == 0, micro_batch=ones, grad_accum=12 // dp, recompute=ones * 0,
+        sequence_parallel=ones == 0, precision=ones * 0, zero_hpz_partition_size=hpz, mics_shard_size=mics,
+    )  # fmt: skip
+
+
 def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload():
     """Random shapes hit the rules enumeration never produces (dp·tp·pp·cp off the GPU count, tp > node)."""
     rng = np.random.default_rng(0)
-    n = 3000
+    n = 4000
     table = PlanTable.from_columns(
         dp=rng.integers(1, 9, n), tp=rng.choice([1, 2, 3, 4, 8, 16], n), pp=rng.integers(1, 5, n),
         zero_stage=rng.integers(0, 4, n), offload_optimizer=rng.random(n) < 0.3,
@@ -103,8 +117,12 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         micro_batch=rng.integers(1, 5, n), grad_accum=rng.integers(1, 5, n), recompute=rng.integers(0, 3, n),
         sequence_parallel=rng.random(n) < 0.3, precision=rng.integers(0, 3, n),
         cp=rng.choice([1, 2, 3, 4], n), engine=rng.integers(0, 3, n),
-        virtual_stages=rng.choice([1, 1, 2, 3], n),
+        virtual_stages=rng.choice([1, 1, 2, 3], n), zero_hpz_partition_size=rng.choice([1, 1, 1, 2, 4], n),
+        mics_shard_size=rng.choice([0, 0, 0, 2, 3], n), zero_quantized_weights=rng.random(n) < 0.1,
+        zero_quantized_gradients=rng.random(n) < 0.1,
     )  # fmt: skip
+    table = concat([table, _zero3_grid()])
+    n = len(table)
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # tp 2 divides 6, not 3
     workload = Workload(seq_len=130, global_batch_sequences=12, tokens_to_train=1e6)  # cp 4 does not split it
     seen: set[int] = set()
@@ -123,12 +141,13 @@ def test_two_stage_enumeration_equals_filtering_the_full_cross_product():
     table = candidate_table(cluster, workload)
     codes = problem_codes(table, model, cluster, workload)
     result = enumerate_plans(model, cluster, workload)
-    assert result.candidates == len(table) == 55 * 4 * 2 * 2 * 7 * 3 * 2  # 55 (dp, tp, pp, cp) with cp ≤ 16
+    # 55 (dp, tp, pp, cp) with cp ≤ 16; ZeRO 0-3 and 5 ZeRO-3 variants (hpZ, qwZ/qgZ, MiCS)
+    assert result.candidates == len(table) == 55 * 9 * 2 * 2 * 7 * 3 * 2
     assert result.invalid_counts == count_codes(codes)
     assert sum(result.invalid_counts.values()) + len(result.plans) == result.candidates
     key = lambda t: sorted(zip(*(getattr(t, f).tolist() for f in Plan.model_fields), strict=True))  # noqa: E731
     assert key(result.plans) == key(table.take(codes == VALID))
-    assert len(result.plans) == 3849
+    assert len(result.plans) == 4929
 
 
 def test_every_enumerated_plan_is_a_valid_plan_for_the_workload():
@@ -159,9 +178,10 @@ def test_enumeration_is_complete_against_brute_force():
         for c in range(1, 5)
         if d * t * p * c == 4
     ]
-    for (dp, tp, pp, cp), zero, oo, op, mb, ga, rc, sp in itertools.product(
+    zeros = [(z, 1, 0, False, False) for z in range(4)] + [(3, *v) for v in zero_variants(4)]
+    for (dp, tp, pp, cp), (zero, hpz, mics, qw, qg), oo, op, mb, ga, rc, sp in itertools.product(
         shapes,
-        range(4),
+        zeros,
         (False, True),
         (False, True),
         (1, 2, 4, 8),
@@ -172,6 +192,8 @@ def test_enumeration_is_complete_against_brute_force():
         plan = Plan.model_construct(
             dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, offload_optimizer=oo, offload_params=op,
             micro_batch=mb, grad_accum=ga, recompute=rc, sequence_parallel=sp, precision="bf16",
+            zero_hpz_partition_size=hpz, mics_shard_size=mics, zero_quantized_weights=qw,
+            zero_quantized_gradients=qg,
         )  # fmt: skip
         if plan_problem(plan, TINY, cluster, workload) is None:
             brute.add(plan.short())
@@ -201,7 +223,7 @@ def test_every_engine_is_enumerated_under_its_own_rules():
     assert len(result.plans) == (codes == VALID).sum()
     plans = result.plans
     by_engine = {e: int((plans.engine == i).sum()) for i, e in enumerate(ENGINE_CODES)}
-    assert by_engine["deepspeed"] == 3849  # the deepspeed-only count (test_valid_plan_counts.py)
+    assert by_engine["deepspeed"] == 4929  # the deepspeed-only count (test_valid_plan_counts.py)
     fsdp, megatron = plans.take(plans.engine == 1), plans.take(plans.engine == 2)
     # FSDP: no ZeRO-1, offload all or nothing, no pipeline; Megatron: ZeRO ≤ 1, no offload.
     assert set(fsdp.zero_stage.tolist()) == {0, 2, 3} and set(fsdp.pp.tolist()) == {1}
