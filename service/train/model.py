@@ -105,13 +105,17 @@ class _Embed(torch.nn.Module):
     """Pipeline stage head: the token embedding (whole on every TP rank, as the cost model counts it);
     with sequence parallelism it hands on this rank's chunk of the sequence."""
 
-    def __init__(self, lm: torch.nn.Module, sp_group: Any = None):
+    def __init__(self, lm: torch.nn.Module, sp_group: Any = None, cp_group: Any = None):
         super().__init__()
         self.embed_tokens: torch.nn.Module = lm.model.embed_tokens  # type: ignore[union-attr,assignment]
-        self.sp_group = sp_group
+        self.sp_group, self.cp_group = sp_group, cp_group
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if self.cp_group is not None:  # context parallelism: this rank's chunk of every sequence
+            from service.train.context_parallel import sequence_chunk
+
+            hidden = sequence_chunk(hidden, self.cp_group)
         return hidden if self.sp_group is None else tpl.scatter_to_sequence_region(hidden, self.sp_group)
 
 
@@ -121,14 +125,19 @@ class _Layer(torch.nn.Module):
     parallelism over `seq_shards` ranks the hidden state is a chunk of the sequence; the tables cover
     the whole sequence, which the attention sees after its column-parallel projections gather it."""
 
-    def __init__(self, lm: torch.nn.Module, index: int, seq_shards: int = 1):
+    def __init__(self, lm: torch.nn.Module, index: int, seq_shards: int = 1, cp_group: Any = None):
         super().__init__()
         self.layer: torch.nn.Module = lm.model.layers[index]  # type: ignore[union-attr,index,assignment]
         self.rotary_emb: torch.nn.Module = lm.model.rotary_emb  # type: ignore[union-attr,assignment]
-        self.seq_shards = seq_shards
+        self.seq_shards, self.cp_group = seq_shards, cp_group
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(hidden.shape[1] * self.seq_shards, device=hidden.device).unsqueeze(0)
+        if self.cp_group is not None:  # a context-parallel chunk: its own positions in the sequence
+            from service.train.context_parallel import chunk_positions
+
+            positions = chunk_positions(hidden.shape[1], self.cp_group, hidden.device)
+        else:
+            positions = torch.arange(hidden.shape[1] * self.seq_shards, device=hidden.device).unsqueeze(0)
         cos, sin = self.rotary_emb(hidden, positions)
         return self.layer(hidden, position_embeddings=(cos, sin))
 
@@ -147,12 +156,13 @@ class _Head(torch.nn.Module):
 
 class _Stack(torch.nn.Module):
     """The stages in one module (pp = 1 with tp > 1): `forward(input_ids)` returns the logits; `full`
-    recompute checkpoints every decoder layer (reentrant, so the meter sees what it keeps)."""
+    recompute checkpoints every decoder layer (reentrant, so the meter sees what it keeps). With context
+    parallelism the logits are this rank's chunk and `cp_group` tells `forward_loss` so."""
 
-    def __init__(self, stages: list[torch.nn.Module], recompute_full: bool):
+    def __init__(self, stages: list[torch.nn.Module], recompute_full: bool, cp_group: Any = None):
         super().__init__()
         self.stages = torch.nn.ModuleList(stages)
-        self.recompute_full = recompute_full
+        self.recompute_full, self.cp_group = recompute_full, cp_group
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         hidden = input_ids
@@ -244,6 +254,8 @@ def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> t
         raise ValueError(
             "pipeline or tensor-parallel proxies of models with tied embeddings are not supported"
         )
+    if plan.cp > 1:
+        return _build_context_parallel(spec, seed, plan, dtype)
     topology = PipeModelDataParallelTopology(num_pp=plan.pp, num_mp=plan.tp, num_dp=plan.dp)
     grid = PipelineParallelGrid(topology=topology)
     lm = build_causal_lm(spec, seed, dtype)
@@ -270,7 +282,36 @@ def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> t
     return pipeline, None  # DeepSpeed takes a PipelineModule's groups from the module itself
 
 
+def _build_context_parallel(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> tuple[Any, Any]:
+    """`build_model` for cp > 1: DeepSpeed-Ulysses attention (service.train.context_parallel) in every
+    layer, tensor-parallel layers when tp > 1; pp = 1 and no Megatron SP (the proxy runs neither with
+    Ulysses; DeepSpeed's `PipelineParallelGrid` has no sequence axis)."""
+    from service.train.context_parallel import UlyssesGroups, ulysses_attention_forward
+
+    if plan.pp > 1 or plan.sequence_parallel:
+        raise ValueError("context-parallel proxies run with pp = 1 and without sequence_parallel")
+    groups = UlyssesGroups(plan.dp, plan.cp, plan.tp)
+    cp_group = groups.get_sequence_parallel_group()
+    lm = build_causal_lm(spec, seed, dtype)
+    if plan.tp > 1:
+        apply_tensor_parallel(lm, groups.get_model_parallel_group(), sequence_parallel=False)
+    for layer in lm.model.layers:  # type: ignore[union-attr]
+        layer.self_attn.forward = ulysses_attention_forward(layer.self_attn, cp_group)
+    if plan.recompute == "selective":
+        apply_recompute(lm, "selective")
+    stages = [
+        _Embed(lm, cp_group=cp_group),
+        *(_Layer(lm, i, cp_group=cp_group) for i in range(spec.num_layers)),
+    ]
+    return _Stack([*stages, _Head(lm)], plan.recompute == "full", cp_group), groups
+
+
 def forward_loss(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Loss of a (non-pipeline) causal LM on one micro-batch; labels are the inputs shifted by one."""
     out = model(input_ids=input_ids, use_cache=False)
+    cp_group = getattr(getattr(model, "module", model), "cp_group", None)
+    if cp_group is not None:
+        from service.train.context_parallel import context_parallel_loss
+
+        return context_parallel_loss(out, input_ids, cp_group)
     return causal_lm_loss(out if isinstance(out, torch.Tensor) else out.logits, input_ids)

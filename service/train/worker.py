@@ -117,7 +117,7 @@ def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
     dtype = torch.float16 if ds_config["fp16"]["enabled"] else dtype
     mpu = None
-    if cfg.plan.pp > 1 or cfg.plan.tp > 1:
+    if cfg.plan.pp > 1 or cfg.plan.tp > 1 or cfg.plan.cp > 1:
         model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype)
     else:
         model = build_causal_lm(cfg.model, cfg.proxy.seed, dtype, device)

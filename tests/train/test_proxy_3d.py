@@ -1,6 +1,7 @@
 """3D proxy trials on a local Ray (gloo, 2 to 8 CPU workers): tp × pp × dp with the proxy's own
-Megatron-style TP layers inside DeepSpeed's PipelineModule, sequence parallelism, measured against the
-cost model, and bitwise resume of a tp2·pp2 plan after an injected failure.
+Megatron-style TP layers inside DeepSpeed's PipelineModule, sequence parallelism, DeepSpeed-Ulysses
+context parallelism, measured against the cost model, and bitwise resume of a tp2·pp2 plan after an
+injected failure.
 
 One Ray session (8 logical CPUs: the 2-core machine runs 8 workers, slowly) serves the module; each
 plan runs once (cached) however many tests read it.
@@ -33,6 +34,7 @@ PLANS = {
         grad_accum=2,
         precision="fp32",
     ),
+    "cp2": Plan(dp=1, cp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
 }
 
 
@@ -77,10 +79,10 @@ def test_3d_and_sequence_parallel_plans_train(trial, name):
 
 
 def test_tp_pp_and_sp_compute_the_same_model(trial):
-    """Same seed, same data (dp = 1): splitting the layers, the stages or the sequence changes only the
-    order of floating-point sums."""
+    """Same seed, same data (dp = 1): splitting the layers, the stages or the sequence (Megatron SP, or
+    Ulysses CP with its chunked loss) changes only the order of floating-point sums."""
     reference = trial("tp2-pp2").losses
-    for name in ("tp2-sp", "tp2-pp2-sp-full"):
+    for name in ("tp2-sp", "tp2-pp2-sp-full", "cp2"):
         assert trial(name).losses == pytest.approx(reference, abs=1e-5)
 
 
