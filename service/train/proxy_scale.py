@@ -1,6 +1,6 @@
 """The production experiment scaled down to a proxy run, and the cost model's prediction for it.
 
-A proxy keeps the plan's shape (dp, tp, pp, ZeRO, offload, batch split, recompute) and the model's
+A proxy keeps the plan's shape (dp, tp, pp, cp, ZeRO, offload, batch split, recompute) and the model's
 architecture, with fewer layers (and optionally narrower) on `proxy.num_workers` devices, so that the
 planner's prediction and the proxy's measurement describe the same run.
 """
@@ -61,15 +61,15 @@ def plan_for_point(experiment: ExperimentSpec, point: dict[str, Any], precision:
     """The proxy-scale plan of `point` (some `Plan` fields): dp fills the proxy's workers.
 
     Args:
-        experiment: its `proxy.num_workers` sets dp = workers // (tp·pp); a remainder is left for
+        experiment: its `proxy.num_workers` sets dp = workers // (tp·pp·cp); a remainder is left for
             `proxy_plan_problem` to report.
         point: `Plan` fields other than dp (a search-space point, or the proxy-run flags).
         precision: the plan's precision (default: the proxy's, which is what a CPU proxy computes in).
 
     Raises `ValidationError` for combinations `Plan` itself rejects (e.g. offload_params with ZeRO-1).
     """
-    tp, pp = int(point.get("tp", 1)), int(point.get("pp", 1))
-    dp = max(1, experiment.proxy.num_workers // (tp * pp))
+    tp, pp, cp = (int(point.get(k, 1)) for k in ("tp", "pp", "cp"))
+    dp = max(1, experiment.proxy.num_workers // (tp * pp * cp))
     return Plan(**{**point, "dp": dp, "precision": precision or experiment.proxy.precision})
 
 

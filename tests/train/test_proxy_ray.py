@@ -193,8 +193,8 @@ def test_hanging_collective_ends_with_a_timeout(ray_session, experiment, tmp_pat
 
 # Measured vs the cost model at proxy scale: model state within 1 %, saved activations within 10 %.
 # Every case agrees since the model took in what these runs measured (HF SDPA attention's saved tensors,
-# AutoTP's whole embedding, ZeRO-3 offload's two gradient partitions, the full-recompute peak without
-# the loss tensors, attention-sub-block selective recompute). A future disagreement gets a
+# the whole embedding on every TP rank, ZeRO-3 offload's two gradient partitions, the full-recompute
+# peak without the loss tensors, attention-sub-block selective recompute). A future disagreement gets a
 # `pytest.mark.xfail(strict=True, reason="cost model: ...")` here, never a looser tolerance.
 MODEL_STATE_CASES: dict[str, list] = {name: [] for name in PLANS}
 ACTIVATION_CASES: dict[str, list] = {name: [] for name in PLANS}
