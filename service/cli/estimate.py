@@ -25,6 +25,7 @@ FLAGS = {
     "grad_accum": "--grad-accum",
     "virtual_stages": "--virtual-stages",
     "engine": "--engine",
+    "precision": "--precision",
     "cp": "--cp",
     "zero_hpz_partition_size": "--zero-hpz",
     "mics_shard_size": "--mics-shard-size",
@@ -96,9 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--sequence-parallel", action="store_true", help="Shard norm/dropout activations over TP (tp > 1).")
     a(
         "--precision",
-        choices=("bf16", "fp16", "fp32"),
+        choices=("bf16", "fp16", "fp32", "fp8"),
         default="bf16",
-        help="Compute precision (default bf16).",
+        help="Compute precision (default bf16; fp8 = Transformer Engine FP8 GEMMs, GPUs with FP8 only).",
     )
     a("--no-flash-attention", action="store_true", help="Materialised attention scores (Megatron 2021-22).")
     a(

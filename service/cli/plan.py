@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=("bf16", "fp16", "fp32"),
+        choices=("bf16", "fp16", "fp32", "fp8"),
         default="bf16",
         help="Compute precision (default bf16).",
     )

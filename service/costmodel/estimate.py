@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel import comm, compute, context
+from service.costmodel import comm, compute, context, fp8
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
@@ -95,6 +95,9 @@ def _memory(
         transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, d), 0.0)
         buffers = pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
+        matmul = (model.attention_params_per_layer + model.mlp_params_per_layer) / p.tp * layers
+        matmul = matmul / np.where(p.zero_stage == 3, hz.shard_ranks(p), 1)
+        buffers = buffers + fp8.extra_memory_bytes(model, matmul, p.pp, p.precision)
         # ZeRO-1/2 with optimizer offload stages each gradient through a device buffer the size of the
         # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
@@ -105,6 +108,12 @@ def _memory(
         activations = activation_scale * activations
         stages.append(_Memory(params, grads, optimizer, activations, logits, buffers, cpu))
     return stages[0], stages[1]
+
+
+def _peak_tflops(gpu: GPUSpec, precision: np.ndarray) -> np.ndarray:
+    """Per plan, the dense tensor-core peak of its precision (PRECISION_CODES order; fp8 → bf16)."""
+    peaks = np.array([gpu.peak_tflops(name) for name in ("bf16", "fp16", "fp32", "fp8")])
+    return np.asarray(peaks[np.asarray(precision, dtype=np.int64)], dtype=float)
 
 
 def effective_gpu(gpu: GPUSpec, params: ModelParams) -> GPUSpec:
@@ -132,17 +141,11 @@ def _times(
     gpu, s = effective_gpu(cluster.gpu, params), workload.seq_len
     net = links(params)
     d = mem.activation_bytes_per_element(p.precision)
-    peak = (
-        np.select(
-            [p.precision == 0, p.precision == 1],
-            [gpu.peak_tflops_bf16, gpu.peak_tflops_fp16],
-            gpu.peak_tflops_fp32,
-        )
-        * 1e12
-    )
+    peak = _peak_tflops(gpu, p.precision) * 1e12  # bf16 for fp8 plans: only block GEMMs run in FP8
+    gemm_peak, gemm_d = fp8.gemm_peak_flops(p.precision, gpu, peak), fp8.gemm_operand_bytes(p.precision, d)
     tokens = p.micro_batch * s / p.cp  # a context-parallel rank's share (costmodel/context.py)
     layers = model.num_layers / p.pp
-    gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers
+    gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
     flash = workload.flash_attention
     ring = context.is_ring(p.engine)
     # Ring attention runs the kernel on chunks of s/cp keys; Ulysses on whole sequences (of fewer heads).
@@ -152,6 +155,8 @@ def _times(
     )
     attention = attention_layer * layers
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
+    casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision) * layers
+    elementwise = elementwise + casts / (gpu.hbm_bandwidth_gb_per_s * 1e9)
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
@@ -161,7 +166,8 @@ def _times(
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
     # Selective recompute re-runs each block's attention sub-block (projections and attention core).
     attention_block = (
-        compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, peak, d) * layers + attention
+        compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
+        + attention
     )
     recompute = np.select(
         [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, attention_block], 0.0
@@ -317,11 +323,7 @@ def estimate_table(
     step = np.sum(list(t.values()), axis=0)
     tokens_per_s = p.micro_batch * p.grad_accum * p.dp * workload.seq_len / step
     per_gpu = tokens_per_s / cluster.num_gpus
-    peak = np.select(
-        [p.precision == 0, p.precision == 1],
-        [cluster.gpu.peak_tflops_bf16, cluster.gpu.peak_tflops_fp16],
-        cluster.gpu.peak_tflops_fp32,
-    )
+    peak = _peak_tflops(cluster.gpu, p.precision)  # fp8 plans: MFU against bf16 (GPUSpec.peak_tflops)
     model_tflops = per_gpu * model_flops_per_token(model, workload.seq_len) / 1e12
     hours = workload.tokens_to_train / tokens_per_s / 3600.0
     dollars_per_hour = cluster.num_gpus * cluster.price_usd_per_gpu_hour

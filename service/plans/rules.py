@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.plans.table import ENGINE_CODES, PlanTable
+from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.plan import CONTEXT_PARALLEL_RULES
@@ -45,6 +45,7 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("MiCS shard does not divide dp·cp", "mics_shard_size", "does not divide the"),
     ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
     ("tp does not divide gpus_per_node", "tp", "must divide gpus_per_node"),
+    ("fp8 on a GPU without FP8", "precision", "has no FP8 tensor cores"),
     ("hpZ group does not divide gpus_per_node", "zero_hpz_partition_size", "must divide gpus_per_node"),
     ("global batch does not split", "grad_accum", "but the global batch is"),
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
@@ -117,9 +118,11 @@ def problem_codes(
         gpus_per_node = cluster.gpus_per_node
         rules.append(p.dp * p.tp * p.pp * p.cp != cluster.num_gpus)
         rules.append((p.tp > gpus_per_node) | (gpus_per_node % p.tp != 0))
+        no_fp8 = not cluster.gpu.peak_tflops_fp8
+        rules.append((p.precision == PRECISION_CODES.index("fp8")) & no_fp8)
         rules.append(gpus_per_node % p.zero_hpz_partition_size != 0)
     else:
-        rules += [none, none, none]
+        rules += [none, none, none, none]
     if workload is not None:
         rules.append(p.micro_batch * p.grad_accum * p.dp != workload.batch_sequences)
         rules.append((p.cp > 1) & (workload.seq_len % chunks != 0))

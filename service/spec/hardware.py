@@ -21,6 +21,9 @@ class GPUSpec(BaseModel):
     peak_tflops_bf16: float = Field(gt=0, description="Dense bf16 tensor-core peak (TFLOP/s).")
     peak_tflops_fp16: float = Field(gt=0, description="Dense fp16 tensor-core peak (TFLOP/s).")
     peak_tflops_fp32: float = Field(gt=0, description="fp32 peak without TF32 (TFLOP/s).")
+    peak_tflops_fp8: float | None = Field(
+        None, gt=0, description="Dense fp8 tensor-core peak (TFLOP/s); none = no FP8 tensor cores."
+    )
     hbm_gib: float = Field(gt=0, description="Device memory (GiB).")
     hbm_bandwidth_gb_per_s: float = Field(gt=0, description="Device memory bandwidth (GB/s).")
     intra_node_bandwidth_gb_per_s: float = Field(
@@ -52,9 +55,10 @@ class GPUSpec(BaseModel):
     source: str = Field("", description="Where the figures come from.")
 
     def peak_tflops(self, precision: str) -> float:
-        return {"bf16": self.peak_tflops_bf16, "fp16": self.peak_tflops_fp16, "fp32": self.peak_tflops_fp32}[
-            precision
-        ]
+        """The peak MFU is quoted against: fp8 plans against bf16, since only their GEMMs run in fp8
+        (service/costmodel/fp8.py) and MFU then compares with bf16 plans on one scale."""
+        peaks = {"bf16": self.peak_tflops_bf16, "fp16": self.peak_tflops_fp16, "fp32": self.peak_tflops_fp32}
+        return peaks["bf16" if precision == "fp8" else precision]
 
 
 class ClusterSpec(BaseModel):

@@ -17,7 +17,7 @@ from service.spec.model import ModelSpec
 from service.spec.workload import Workload
 
 Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Engine = Literal["deepspeed", "fsdp", "megatron"]
 ContextStyle = Literal["ulysses", "ring"]
 
@@ -102,7 +102,11 @@ class Plan(BaseModel):
     sequence_parallel: bool = Field(
         False, description="Shard norm/dropout activations over the TP group (Korthikanti et al.)."
     )
-    precision: Precision = Field("bf16", description="Compute precision; bf16/fp16 mean mixed precision.")
+    precision: Precision = Field(
+        "bf16",
+        description="Compute precision; bf16/fp16 mean mixed precision; fp8 = Transformer Engine's FP8 "
+        "GEMMs in the transformer blocks, everything else bf16 (GPUs with FP8 tensor cores only).",
+    )
     engine: Engine = Field(
         "deepspeed",
         description="What runs the plan: deepspeed (the service runs it), or, scored analytically, fsdp "
@@ -266,6 +270,9 @@ def plan_problem(
             return "dp", f"dp·tp·pp·cp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"
         if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
             return "tp", f"tp {plan.tp} must divide gpus_per_node {cluster.gpus_per_node}"
+        if plan.precision == "fp8" and not cluster.gpu.peak_tflops_fp8:
+            # Transformer Engine's FP8 GEMMs need FP8 tensor cores (Hopper, Ada, Blackwell).
+            return "precision", f"{cluster.gpu.name} has no FP8 tensor cores; allowed: bf16, fp16, fp32"
         if cluster.gpus_per_node % plan.zero_hpz_partition_size:
             # hpZ's secondary partition sits inside a node so that backward gathers over NVLink.
             hpz = plan.zero_hpz_partition_size

@@ -192,3 +192,13 @@ def test_zero_plus_plus_and_mics_flags(capsys):
     assert main(["estimate", *BASE[1:], "--zero", "2", "--zero-hpz", "8"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--zero:" in err and "need zero_stage 3" in err
+
+
+def test_fp8_precision_flag(capsys):
+    flags = ["--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--zero", "1"]
+    flags += ["--grad-accum", "32", "--seq-len", "8192", "--recompute", "selective"]
+    bf16, fp8 = run_json(capsys, *flags), run_json(capsys, *flags, "--precision", "fp8")
+    assert fp8["plan"]["precision"] == "fp8" and fp8["tokens_per_s"] > 1.2 * bf16["tokens_per_s"]
+    assert main(["estimate", *flags, "--gpu", "a100-sxm-80gb", "--precision", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--precision" in err and "no FP8 tensor cores" in err

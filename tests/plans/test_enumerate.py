@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -115,18 +116,21 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         zero_stage=rng.integers(0, 4, n), offload_optimizer=rng.random(n) < 0.3,
         offload_params=rng.random(n) < 0.3,
         micro_batch=rng.integers(1, 5, n), grad_accum=rng.integers(1, 5, n), recompute=rng.integers(0, 3, n),
-        sequence_parallel=rng.random(n) < 0.3, precision=rng.integers(0, 3, n),
+        sequence_parallel=rng.random(n) < 0.3, precision=rng.integers(0, 4, n),
         cp=rng.choice([1, 2, 3, 4], n), engine=rng.integers(0, 3, n),
         virtual_stages=rng.choice([1, 1, 2, 3], n), zero_hpz_partition_size=rng.choice([1, 1, 1, 2, 4], n),
         mics_shard_size=rng.choice([0, 0, 0, 2, 3], n), zero_quantized_weights=rng.random(n) < 0.1,
         zero_quantized_gradients=rng.random(n) < 0.1,
     )  # fmt: skip
-    table = concat([table, _zero3_grid()])
+    grid = _zero3_grid()
+    fp8 = dataclasses.replace(grid, precision=np.full(len(grid), PRECISION_CODES.index("fp8")))
+    table = concat([table, grid, fp8])
     n = len(table)
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # tp 2 divides 6, not 3
     workload = Workload(seq_len=130, global_batch_sequences=12, tokens_to_train=1e6)  # cp 4 does not split it
     seen: set[int] = set()
-    for c, w in [(None, None), (cluster, None), (cluster, workload), (None, workload)]:
+    a100 = ClusterSpec(gpu="a100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # no FP8 tensor cores
+    for c, w in [(None, None), (cluster, None), (cluster, workload), (None, workload), (a100, workload)]:
         codes = problem_codes(table, TINY, c, w)
         plans = [unchecked_plan(table, i) for i in range(n)]
         expected = np.array([reason_code(plan_problem(p, TINY, c, w)) for p in plans])

@@ -1,0 +1,52 @@
+"""FP8 (Transformer Engine): where it is allowed, what runs faster, what it costs in memory."""
+
+import pytest
+
+from service.catalog import load_model
+from service.costmodel import estimate
+from service.spec import ClusterSpec, Plan, Workload, plan_problem
+from service.spec.params import ModelParams
+
+LLAMA3_70B = load_model("llama3-70b")
+H100 = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
+A100 = ClusterSpec(gpu="a100-sxm-80gb", num_nodes=8)
+WORKLOAD = Workload(seq_len=8192, global_batch_sequences=64, tokens_to_train=1e9)
+PRIOR = ModelParams()
+
+
+def _pair(**kw):
+    plan = Plan(dp=2, tp=8, pp=4, zero_stage=1, grad_accum=32, recompute="selective", **kw)
+    bf16 = estimate(LLAMA3_70B, H100, plan, WORKLOAD, params=PRIOR)
+    fp8 = estimate(LLAMA3_70B, H100, plan.model_copy(update={"precision": "fp8"}), WORKLOAD, params=PRIOR)
+    return bf16, fp8
+
+
+def test_fp8_needs_fp8_tensor_cores():
+    plan = Plan(dp=64, zero_stage=3, precision="fp8")
+    assert plan_problem(plan, LLAMA3_70B, H100) is None
+    assert plan_problem(plan, LLAMA3_70B, A100) == (
+        "precision",
+        "a100-sxm-80gb has no FP8 tensor cores; allowed: bf16, fp16, fp32",
+    )
+    assert H100.gpu.peak_tflops_fp8 == pytest.approx(2 * H100.gpu.peak_tflops_bf16, rel=1e-3)
+
+
+def test_fp8_speeds_up_the_block_gemms_only():
+    bf16, fp8 = _pair()
+    t0, t1 = bf16.time_breakdown_s, fp8.time_breakdown_s
+    # Block GEMMs at twice the rate; attention core, LM head, norms stay bf16: between 1/2 and 1.
+    assert 0.5 < t1.compute / t0.compute < 0.8
+    assert t1.tp_comm == t0.tp_comm and t1.pp_comm == t0.pp_comm  # activations stay bf16
+    assert fp8.tokens_per_s > 1.2 * bf16.tokens_per_s
+    # MFU is quoted against the bf16 peak, so it rises with the speed-up.
+    assert fp8.mfu / bf16.mfu == pytest.approx(fp8.tokens_per_s / bf16.tokens_per_s)
+
+
+def test_fp8_weight_copies_and_amax_history():
+    bf16, fp8 = _pair()
+    matmul = (LLAMA3_70B.attention_params_per_layer + LLAMA3_70B.mlp_params_per_layer) / 8 * 20
+    amax = 20 * 4 * 3 * 1024 * 4  # 20 layers × 4 GEMMs × 3 FP8 tensors × 1,024 fp32 values
+    extra = fp8.memory_per_gpu_bytes.buffers - bf16.memory_per_gpu_bytes.buffers
+    assert extra == pytest.approx(2 * matmul + amax)
+    assert extra / 2**30 == pytest.approx(4.0, abs=0.1)  # ~2.1 B matmul params per GPU × 2 bytes
+    assert fp8.memory_per_gpu_bytes.params == bf16.memory_per_gpu_bytes.params  # bf16 master params
