@@ -20,12 +20,21 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 from service.spec.errors import SpecError, validate_as
-from service.spec.plan import Recompute
+from service.spec.plan import Plan
 
 Metric = Literal["tokens_per_s", "samples_per_s", "step_time_s", "peak_memory_bytes_per_rank"]
 Algorithm = Literal["grid", "random", "bayes"]
@@ -55,41 +64,54 @@ def _as_list(value: Any) -> Any:
     return [value]
 
 
-class ParamSpace(BaseModel):
-    """Values each `Plan` field may take; a field left out keeps the `Plan` default (one value)."""
+# `Plan` fields a proxy cannot vary, each with the reason (read after "<field> is"); a space naming one
+# is refused with it. Every other `Plan` field is a search parameter, with Plan's own value type and
+# description: a field added to `Plan` is searchable at once (a value the proxy cannot lay out is
+# pruned as invalid, with `proxy_plan_problem`'s reason), unless it is listed here.
+NOT_SEARCHED: dict[str, str] = {
+    "dp": "derived at proxy scale (proxy.num_workers / (tp·pp))",
+    "precision": "the proxy's own (proxy.precision)",
+    "virtual_stages": "1 for proxies: DeepSpeed's pipeline engine runs plain 1F1B only",
+    "engine": "deepspeed for proxies: they run the engine the service runs",
+    "cp": "1 for proxies: the proxy worker does not split sequences (context parallelism) yet",
+}
+
+
+def _searched() -> dict[str, FieldInfo]:
+    return {name: f for name, f in Plan.model_fields.items() if name not in NOT_SEARCHED}
+
+
+def _refuse_not_searched(data: Any) -> None:
+    for name in data:
+        if name in NOT_SEARCHED:
+            raise ValueError(f"{name} is {NOT_SEARCHED[name]}; remove it")
+
+
+class _ParamSpaceBase(BaseModel):
+    """Values each `Plan` field may take; a field left out keeps the `Plan` default (one value).
+
+    The fields are `Plan`'s own (see `NOT_SEARCHED`), each a list of Plan's value type."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-    zero_stage: list[Literal[0, 1, 2, 3]] | None = Field(None, description="ZeRO stages to try.")
-    offload_optimizer: list[bool] | None = Field(None, description="Optimizer offload to CPU: [false, true].")
-    offload_params: list[bool] | None = Field(None, description="Parameter offload to CPU (ZeRO-3 only).")
-    tp: list[int] | None = Field(None, description="Tensor-parallel degrees; dp = workers / (tp·pp).")
-    pp: list[int] | None = Field(None, description="Pipeline stages; dp = workers / (tp·pp).")
-    micro_batch: list[int] | None = Field(None, description="Sequences per micro-batch per dp rank.")
-    grad_accum: list[int] | None = Field(None, description="Micro-batches per optimizer step.")
-    recompute: list[Recompute] | None = Field(
-        None, description="Activation checkpointing: none, selective, full."
-    )
-    sequence_parallel: list[bool] | None = Field(None, description="Sequence parallelism (needs tp > 1).")
 
     @model_validator(mode="before")
     @classmethod
     def _scalars_to_lists(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            if "dp" in data:
-                raise ValueError("dp is derived at proxy scale (proxy.num_workers / (tp·pp)); remove it")
+            _refuse_not_searched(data)
             return {k: None if v is None else _as_list(v) for k, v in data.items()}
         return data
 
-    @field_validator("tp", "pp", "micro_batch", "grad_accum")
+    @field_validator("*")
     @classmethod
-    def _positive(cls, values: list[int] | None) -> list[int] | None:
-        if values and any(v <= 0 for v in values):
+    def _positive(cls, values: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        counts = Plan.model_fields[str(info.field_name)].annotation is int  # degrees and batch sizes
+        if counts and values and any(v <= 0 for v in values):
             raise ValueError(f"values must be positive, got {values}")
         return values
 
     def varied(self) -> dict[str, list[Any]]:
-        """The fields given, in declaration order, with their values (duplicates dropped)."""
+        """The fields given, in `Plan`'s order, with their values (duplicates dropped)."""
         out: dict[str, list[Any]] = {}
         for name in type(self).model_fields:
             values = getattr(self, name)
@@ -98,24 +120,41 @@ class ParamSpace(BaseModel):
         return out
 
 
-class PartialPlan(BaseModel):
+class _PartialPlanBase(BaseModel):
     """Some `Plan` fields with one value each: a combination a constraint refers to."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    zero_stage: Literal[0, 1, 2, 3] | None = None
-    offload_optimizer: bool | None = None
-    offload_params: bool | None = None
-    tp: int | None = None
-    pp: int | None = None
-    micro_batch: int | None = None
-    grad_accum: int | None = None
-    recompute: Recompute | None = None
-    sequence_parallel: bool | None = None
+    @model_validator(mode="before")
+    @classmethod
+    def _searched_only(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _refuse_not_searched(data)
+        return data
 
     def matches(self, point: dict[str, Any]) -> bool:
         given = self.model_dump(exclude_none=True)
         return bool(given) and all(point.get(k) == v for k, v in given.items())
+
+
+def _fields(list_of: bool) -> dict[str, Any]:
+    """`Plan`'s searched fields for `create_model`: optional, as a list of values or as one value."""
+    out: dict[str, Any] = {}
+    for name, f in _searched().items():
+        value: Any = f.annotation
+        values: Any = Optional[list[value] if list_of else value]  # type: ignore[valid-type]  # noqa: UP045
+        out[name] = (values, Field(None, description=f.description))
+    return out
+
+
+if TYPE_CHECKING:  # mypy sees the bases; the fields are Plan's, made below
+    ParamSpace = _ParamSpaceBase
+    PartialPlan = _PartialPlanBase
+else:
+    ParamSpace = create_model("ParamSpace", __base__=_ParamSpaceBase, __module__=__name__, **_fields(True))
+    PartialPlan = create_model(
+        "PartialPlan", __base__=_PartialPlanBase, __module__=__name__, **_fields(False)
+    )
 
 
 class Constraints(BaseModel):

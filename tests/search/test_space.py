@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -154,24 +155,28 @@ def test_python_space_errors_name_the_problem() -> None:
         SearchSpace(params={"tp": [1]}, algorithm="anneal")
 
 
-def test_space_fields_are_exactly_the_plan_fields_a_proxy_varies() -> None:
-    """`ParamSpace` and `PartialPlan` restate `Plan`'s fields (typed, for the YAML schema and mypy): every
-    `Plan` field but those a proxy cannot vary, with Plan's own value type. A field added to `Plan` fails
-    here until the search space can vary it, or is listed below with the reason it cannot."""
-    from typing import Optional, get_args
+def test_space_fields_are_derived_from_the_plan_fields_a_proxy_varies() -> None:
+    """`ParamSpace` and `PartialPlan` are made from `Plan.model_fields`: every `Plan` field but those in
+    `NOT_SEARCHED`, with Plan's own value type and description; naming a field a proxy cannot vary is
+    refused with the reason."""
+    from typing import get_args
 
-    from service.search.space import ParamSpace, PartialPlan
+    from service.search.space import NOT_SEARCHED, ParamSpace, PartialPlan, space_from_dict
     from service.spec import Plan
 
-    not_searched = {
-        "dp": "derived at proxy scale: proxy.num_workers / (tp·pp)",
-        "precision": "the proxy's (proxy.precision)",
-        "virtual_stages": "DeepSpeed's pipeline engine runs plain 1F1B only (1)",
-        "engine": "proxies run DeepSpeed, the engine the service runs",
-    }
-    searched = {name: f.annotation for name, f in Plan.model_fields.items() if name not in not_searched}
-    assert set(ParamSpace.model_fields) == set(searched)  # (the space's own order sets its points' order)
-    assert set(PartialPlan.model_fields) == set(searched)
-    for name, annotation in searched.items():
-        assert ParamSpace.model_fields[name].annotation == Optional[list[annotation]]  # noqa: UP045
-        assert get_args(PartialPlan.model_fields[name].annotation)[0] == annotation
+    assert {"dp", "precision", "engine"} <= set(NOT_SEARCHED)
+    searched = {name: f for name, f in Plan.model_fields.items() if name not in NOT_SEARCHED}
+    assert list(ParamSpace.model_fields) == list(searched)  # Plan's order
+    assert list(PartialPlan.model_fields) == list(searched)
+    assert {"zero_stage", "tp", "pp", "micro_batch", "grad_accum", "recompute"} <= set(searched)
+    for name, field in searched.items():
+        assert get_args(ParamSpace.model_fields[name].annotation) == (list[field.annotation], type(None))
+        assert get_args(PartialPlan.model_fields[name].annotation) == (field.annotation, type(None))
+        assert ParamSpace.model_fields[name].description == field.description
+    for name, reason in NOT_SEARCHED.items():
+        with pytest.raises(SpecError, match=f"{name} is {re.escape(reason)}"):
+            space_from_dict({"params": {"zero_stage": [1], name: [1]}})
+    with pytest.raises(SpecError, match="precision is the proxy's own"):
+        space_from_dict({"params": {"zero_stage": [1]}, "constraints": {"exclude": [{"precision": "fp32"}]}})
+    with pytest.raises(SpecError, match="values must be positive"):
+        space_from_dict({"params": {"micro_batch": [2, -1]}})
