@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from service.run.result import RunResult
+    from service.report.result import RunResult
 
 
 def write_memo(result: RunResult, folder: str | Path) -> dict[str, Path]:

@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from service.run.result import RunResult
+from service.report.result import RunResult
 
 GIB = 2**30
 TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")

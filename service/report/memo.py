@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from service.report.charts import draw_all
-from service.run.result import CALIBRATED, MEASURED, PRIOR, Interval, PlanRow, RunResult
+from service.report.result import CALIBRATED, MEASURED, PRIOR, Interval, PlanRow, RunResult
 
 GIB = 2**30
 SHORT_TAG = {PRIOR: "prior", CALIBRATED: "calibrated", MEASURED: "measured"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.run.result import RunResult
+from service.report.result import RunResult
 
 __all__ = ["Run", "RunResult"]
 

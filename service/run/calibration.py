@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from service.run.result import Extrapolation
+from service.report.result import Extrapolation
 from service.search.result import TrialRecord
 from service.spec.experiment import ExperimentSpec
 from service.spec.params import MEMORY_PARAMS, TIME_PARAMS, ModelParams
 from service.spec.plan import Plan
+from service.spec.record import Metrics
 
 MIN_ACTIVATION_ERROR = 0.05
 MIN_STATE_ERROR = 0.01
@@ -38,7 +39,7 @@ MEMORY_RULE = (
 )
 
 
-def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> dict[str, float]:
+def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> Metrics:
     """The cost model's numbers for a proxy run (per rank), with `params`."""
     from service.costmodel import estimate
     from service.train.proxy_scale import proxy_cluster, proxy_model, proxy_workload
@@ -52,14 +53,14 @@ def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> di
         params=params,
     )
     m = est.memory_per_gpu_bytes
-    return {
-        "tokens_per_s": est.tokens_per_s,
-        "step_time_s": est.step_time_s,
-        "model_state_bytes_per_rank": m.params + m.grads + m.optimizer + m.cpu_offload,
-        "activation_bytes_per_rank": m.activations + m.logits,
-        "logits_bytes_per_rank": m.logits,
-        "peak_memory_bytes_per_rank": m.total,
-    }
+    return Metrics(
+        tokens_per_s=est.tokens_per_s,
+        step_time_s=est.step_time_s,
+        model_state_bytes_per_rank=m.params + m.grads + m.optimizer + m.cpu_offload,
+        activation_bytes_per_rank=m.activations + m.logits,
+        logits_bytes_per_rank=m.logits,
+        peak_memory_bytes_per_rank=m.total,
+    )
 
 
 def measured_runs(exp: ExperimentSpec, trials: list[TrialRecord], source: str) -> list[Any]:
@@ -76,7 +77,7 @@ def measured_runs(exp: ExperimentSpec, trials: list[TrialRecord], source: str) -
         m = t.measured
         if t.status != "ok" or "activation_bytes_per_rank" not in m:
             continue
-        logits = proxy_prediction(exp, t.plan, ModelParams())["logits_bytes_per_rank"]
+        logits = proxy_prediction(exp, t.plan, ModelParams()).logits_bytes_per_rank or 0.0
         activations = m["activation_bytes_per_rank"] - logits
         runs.append(
             MeasuredRun(
@@ -142,7 +143,7 @@ def calibrate(
 
 def leave_one_out(
     exp: ExperimentSpec, trials: list[TrialRecord], prior: ModelParams, source: str
-) -> dict[str, dict[str, float]]:
+) -> dict[str, Metrics]:
     """trial id → memory predictions from a fit on the other proxies (needs two or more)."""
     try:
         runs = measured_runs(exp, trials, source)
@@ -161,7 +162,7 @@ def _rel_errors(pairs: list[tuple[float, float]]) -> list[float]:
     return [abs(p / m - 1.0) for p, m in pairs if m and m > 0 and p > 0]
 
 
-def validation_error(trials: list[Any], loo: dict[str, dict[str, float]], calibrated: bool) -> dict[str, Any]:
+def validation_error(trials: list[Any], loo: dict[str, Metrics], calibrated: bool) -> dict[str, Any]:
     """Mean |predicted/measured − 1| over the proxies, per quantity, before and after calibration.
 
     `trials` are `ProxyTrial`s (measured, predicted_prior, predicted_calibrated)."""
@@ -170,7 +171,8 @@ def validation_error(trials: list[Any], loo: dict[str, dict[str, float]], calibr
     def err(key: str, side: str) -> float | None:
         pairs = []
         for t in ok:
-            pred = loo.get(t.trial_id, {}) if side == "loo" else getattr(t, f"predicted_{side}")
+            sides = {"prior": t.predicted_prior, "calibrated": t.predicted_calibrated}
+            pred = loo.get(t.trial_id, Metrics()) if side == "loo" else sides[side]
             if key in pred and key in t.measured:
                 pairs.append((pred[key], t.measured[key]))
         e = _rel_errors(pairs)

@@ -20,8 +20,8 @@ import numpy as np
 from service.costmodel.result import EstimateTable
 from service.plans.enumerate import DEFAULT_MAX_MICRO_BATCH, Enumeration, enumerate_plans
 from service.plans.select import COSTLIER, SELECTED, SLOWER, STATUSES, TIED, Selection, select_plan
+from service.report.result import Scenario, Sensitivity
 from service.run.goodput import checkpoint_bytes, wall_hours
-from service.run.result import Scenario, Sensitivity
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from service.plans.select import GIB
+from service.report.result import RunResult
 from service.run.decide import Scored
 from service.run.outputs import (
     dump_json,
@@ -18,7 +19,6 @@ from service.run.outputs import (
     ray_job_command,
     write_launch_script,
 )
-from service.run.result import RunResult
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.run.result import Goodput
+from service.report.result import Goodput
 from service.spec.model import ModelSpec
 from service.spec.production import GoodputSpec
 

@@ -22,17 +22,18 @@ from typing import Any
 
 import numpy as np
 
+from service.report.result import Alternative, ProxyTrial, RunResult
 from service.run import calibration as cal
 from service.run.decide import FEASIBLE, Scored, best_cluster, score, sensitivity
 from service.run.goodput import checkpoint_bytes, goodput_record
 from service.run.proxies import run_proxies
-from service.run.result import Alternative, ProxyTrial, RunResult
 from service.run.rows import memo_rows
 from service.run.validate import choose, design_proxy
 from service.search.result import SearchResult
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.params import ModelParams, load_params
+from service.spec.record import Metrics
 from service.tracking.uri import repo_root
 
 DEFAULT_MAX_PROXIES = 4
@@ -220,9 +221,11 @@ class Run:
                     proxy_plan=t.plan.model_dump(),
                     status=t.status,
                     reason=t.reason,
-                    measured={k: v for k, v in t.measured.items() if isinstance(v, int | float)},
+                    measured=t.measured,
                     predicted_prior=cal.proxy_prediction(proxy_exp, t.plan, prior),
-                    predicted_calibrated=cal.proxy_prediction(proxy_exp, t.plan, params) if params else {},
+                    predicted_calibrated=cal.proxy_prediction(proxy_exp, t.plan, params)
+                    if params
+                    else Metrics(),
                     mlflow_run_id=t.mlflow_run_id,
                 )
             )

@@ -18,10 +18,11 @@ from typing import Any
 
 from service.run.validate import Choice
 from service.search.driver import STATE_FILE, Search
-from service.search.prune import Candidate, PruneResult
+from service.search.prune import Candidate, PruneResult, proxy_prediction
 from service.search.result import SearchResult
 from service.search.space import space_from_dict
 from service.spec.experiment import ExperimentSpec
+from service.spec.record import Metrics
 
 SPACE_FIELDS = (
     "zero_stage",
@@ -65,15 +66,13 @@ class PlannedSearch(Search):
 
     def pruning(self) -> PruneResult:
         if self._planned is None:
-            from service.train.proxy_scale import predict_proxy
-
             candidates = []
             for c in self._choices:
                 try:
-                    predicted = {k: float(v) for k, v in predict_proxy(self.experiment, c.proxy_plan).items()}
+                    predicted = proxy_prediction(self.experiment, c.proxy_plan)
                 except Exception:  # the measurement still has value without the model's side
-                    predicted = {}
-                value = predicted.get("predicted_tokens_per_s", math.nan)
+                    predicted = Metrics()
+                value = predicted.get("tokens_per_s", math.nan)
                 candidates.append(Candidate(c.proxy_plan.short(), c.proxy_plan, predicted, value, c.reason))
             self._planned = PruneResult(candidates, [])
         return self._planned

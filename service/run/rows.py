@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from service.plans.select import GIB, OVER_BUDGET, OVER_DEADLINE, OVER_MEMORY, STATUSES
+from service.report.result import CALIBRATED, PRIOR, Interval, PlanRow
 from service.run.decide import FEASIBLE, Scored
-from service.run.result import CALIBRATED, PRIOR, Interval, PlanRow
 from service.run.validate import FAMILIES, families_of
 from service.spec.workload import Budget
 

@@ -23,10 +23,11 @@ from typing import Any, get_args
 
 from service.search.config import RunConfig, SearchConfig, merge
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
-from service.search.result import SearchResult, TrialRecord, split_metrics, trial_outcome
+from service.search.result import SearchResult, TrialRecord, trial_outcome
 from service.search.space import Algorithm, SearchSpace, load_space, space_from_dict
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
+from service.spec.record import PREDICTED, Observation
 from service.tracking.uri import TrackingTarget, repo_root, resolve
 from service.train.ray_session import ensure_ray
 
@@ -288,7 +289,10 @@ class Search:
             "experiment.yaml": self.experiment.model_dump(mode="json"),
             "search_space.yaml": self.space.model_dump(mode="json", exclude_none=True),
             "pruned.json": [{"plan": p.label, "kind": p.kind, "reason": p.reason} for p in pr.pruned],
-            "candidates.json": [{"plan": c.key, "predicted": c.predicted} for c in pr.candidates],
+            # MLflow artifact; its prediction keys keep their names (predicted_x).
+            "candidates.json": [
+                {"plan": c.key, "predicted": c.predicted.prefixed(PREDICTED)} for c in pr.candidates
+            ],
         }
 
     def _all_pruned(self, pr: PruneResult) -> SearchResult:
@@ -352,9 +356,7 @@ class Search:
             last: dict[str, Any] = next(
                 (r for r in reversed(rows) if "step" in r and "trial_status" not in r), {}
             )
-            measured, predicted = split_metrics(last)
-            if not predicted:
-                predicted = {k.removeprefix("predicted_"): v for k, v in by_key[key].predicted.items()}
+            observed = Observation.from_report(last)  # Tune's reports: the Ray boundary
             trial_id = Path(res.path).name
             trials.append(
                 TrialRecord(
@@ -364,8 +366,8 @@ class Search:
                     status=status,
                     reason=reason,
                     steps=step,
-                    measured=measured,
-                    predicted=predicted,
+                    measured=observed.measured,
+                    predicted=observed.predicted or by_key[key].predicted,
                 )
             )
         trials.sort(key=self._launch_rank())

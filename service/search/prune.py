@@ -18,9 +18,10 @@ from pydantic import ValidationError
 from service.search.space import SearchSpace
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
+from service.spec.record import PREDICTED, Metrics
 from service.train.proxy_scale import plan_for_point
 
-__all__ = ["Candidate", "PruneResult", "PrunedPlan", "plan_for_point", "prune_space"]
+__all__ = ["Candidate", "PruneResult", "PrunedPlan", "plan_for_point", "proxy_prediction", "prune_space"]
 
 PruneKind = Literal["invalid", "constraint", "predicted_oom"]
 
@@ -31,7 +32,7 @@ class Candidate:
 
     key: str
     plan: Plan
-    predicted: dict[str, float]
+    predicted: Metrics
     predicted_value: float  # the search metric as predicted; NaN when the model could not say
     note: str = ""
 
@@ -44,7 +45,7 @@ class PrunedPlan:
     reason: str
     kind: PruneKind
     plan: Plan | None = None
-    predicted: dict[str, float] = field(default_factory=dict)
+    predicted: Metrics = field(default_factory=Metrics)
 
     @property
     def label(self) -> str:
@@ -63,21 +64,33 @@ class PruneResult:
         return len(self.candidates) + len(self.pruned)
 
 
-def predicted_value(metric: str, predicted: dict[str, float], seq_len: int) -> float:
+def proxy_prediction(experiment: ExperimentSpec, plan: Plan) -> Metrics:
+    """The cost model's numbers for `plan` at proxy scale (`predict_proxy`'s `predicted_x` keys,
+    converted here, once); raises what the model raises."""
+    from service.train.proxy_scale import predict_proxy
+
+    return Metrics.from_prefixed(predict_proxy(experiment, plan), PREDICTED)
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def predicted_value(metric: str, predicted: Metrics, seq_len: int) -> float:
     """The search metric as the cost model predicts it (samples/s = tokens/s ÷ sequence length)."""
     if metric == "tokens_per_s":
-        return predicted.get("predicted_tokens_per_s", math.nan)
+        return _or_nan(predicted.tokens_per_s)
     if metric == "samples_per_s":
-        return predicted.get("predicted_tokens_per_s", math.nan) / seq_len
+        return _or_nan(predicted.tokens_per_s) / seq_len
     if metric == "step_time_s":
-        return predicted.get("predicted_step_time_s", math.nan)
-    return predicted.get("predicted_peak_memory_bytes_per_rank", math.nan)
+        return _or_nan(predicted.step_time_s)
+    return _or_nan(predicted.peak_memory_bytes_per_rank)
 
 
 def _judge(
     experiment: ExperimentSpec, space: SearchSpace, point: dict[str, Any], guided: bool
 ) -> Candidate | PrunedPlan:
-    from service.train.proxy_scale import predict_proxy, proxy_plan_problem, proxy_workload
+    from service.train.proxy_scale import proxy_plan_problem, proxy_workload
 
     try:
         plan = plan_for_point(experiment, point)
@@ -91,11 +104,12 @@ def _judge(
     if broken:
         return PrunedPlan(point, broken, "constraint", plan)
     try:
-        predicted = {k: float(v) for k, v in predict_proxy(experiment, plan).items()}
+        predicted = proxy_prediction(experiment, plan)
     except Exception as err:  # a model failure must not hide a runnable plan: run it, ranked last
-        return Candidate(plan.short(), plan, {}, math.nan, note=f"no prediction: {type(err).__name__}: {err}")
-    if guided and predicted.get("predicted_fits", 1.0) < 0.5:
-        peak_gib = predicted.get("predicted_peak_memory_bytes_per_rank", math.nan) / 2**30
+        note = f"no prediction: {type(err).__name__}: {err}"
+        return Candidate(plan.short(), plan, Metrics(), math.nan, note=note)
+    if guided and _or_nan(predicted.fits) < 0.5:
+        peak_gib = _or_nan(predicted.peak_memory_bytes_per_rank) / 2**30
         reason = f"predicted not to fit: peak {peak_gib:.2f} GiB per rank"
         return PrunedPlan(point, reason, "predicted_oom", plan, predicted)
     seq_len = proxy_workload(experiment, plan).seq_len
@@ -132,21 +146,35 @@ def _or_zero(x: float) -> float:
 def pruning_to_json(result: PruneResult) -> dict[str, Any]:
     """The pruning a search decided, so a restored search launches exactly the same candidates."""
     return {
-        "candidates": [{"key": c.key, "plan": c.plan.model_dump(), "predicted": c.predicted,
+        "candidates": [{"key": c.key, "plan": c.plan.model_dump(), "predicted": c.predicted.model_dump(),
                         "predicted_value": c.predicted_value, "note": c.note} for c in result.candidates],
-        "pruned": [{"point": p.point, "reason": p.reason, "kind": p.kind, "predicted": p.predicted,
+        "pruned": [{"point": p.point, "reason": p.reason, "kind": p.kind,
+                    "predicted": p.predicted.model_dump(),
                     "plan": p.plan.model_dump() if p.plan else None} for p in result.pruned],
     }  # fmt: skip
 
 
+def _saved_prediction(data: dict[str, Any]) -> Metrics:
+    """A saved prediction; a search saved before predictions were typed kept `predicted_x` keys."""
+    if any(k.startswith(PREDICTED) for k in data):
+        return Metrics.from_prefixed(data, PREDICTED)
+    return Metrics.model_validate(data)
+
+
 def pruning_from_json(data: dict[str, Any]) -> PruneResult:
     candidates = [
-        Candidate(c["key"], Plan.model_validate(c["plan"]), c["predicted"], c["predicted_value"], c["note"])
+        Candidate(
+            c["key"],
+            Plan.model_validate(c["plan"]),
+            _saved_prediction(c["predicted"]),
+            c["predicted_value"],
+            c["note"],
+        )
         for c in data["candidates"]
     ]
     pruned = [
         PrunedPlan(p["point"], p["reason"], p["kind"], Plan.model_validate(p["plan"]) if p["plan"] else None,
-                   p["predicted"])
+                   _saved_prediction(p["predicted"]))
         for p in data["pruned"]
     ]  # fmt: skip
     return PruneResult(candidates, pruned)

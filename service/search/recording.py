@@ -23,9 +23,10 @@ import yaml
 from ray.tune import Callback
 
 from service.search.prune import Candidate, PrunedPlan
-from service.search.result import SearchResult, split_metrics, trial_outcome
+from service.search.result import SearchResult, trial_outcome
 from service.search.trial import TRIAL_LOG, train_run_name
 from service.spec.experiment import ExperimentSpec
+from service.spec.record import PREDICTED, Metrics, Observation
 from service.tracking.tracker import tracker_for
 from service.tracking.uri import TrackingTarget, repo_root
 
@@ -104,7 +105,7 @@ def record_pruned(target: TrackingTarget, search_id: str, pruned: list[PrunedPla
             },
         )
         fields = p.plan.model_dump() if p.plan is not None else p.point
-        tracker.log_batch(key, params=_plan_params(fields), metrics=p.predicted)  # keys are predicted_*
+        tracker.log_batch(key, params=_plan_params(fields), metrics=p.predicted.prefixed(PREDICTED))
         tracker.end_run(key, PRUNED_RUN_STATUS)
 
 
@@ -131,11 +132,10 @@ def finish_search(target: TrackingTarget, search_id: str, result: SearchResult) 
     tracker.log_text(key, json.dumps(result.to_dict(), indent=2, default=str), "result.json")
     tracker.log_text(key, result.get_dataframe().to_csv(index=False), "trials.csv")
     rows = [
-        {
-            "label": t.key if t.status == "ok" else f"{t.key} ({t.status})",
-            "measured": t.measured,
-            "predicted": t.predicted,
-        }
+        (
+            t.key if t.status == "ok" else f"{t.key} ({t.status})",
+            Observation(measured=t.measured, predicted=t.predicted),
+        )
         for t in result.trials
     ]
     with tempfile.TemporaryDirectory(prefix="search-plots-") as tmp:
@@ -160,7 +160,7 @@ class TrialRecorder(Callback):
         self.target, self.search_id, self.experiment = target, search_id, experiment
         self.runs_path, self.steps = runs_path, steps
         self.plans = {c.key: c.plan.model_dump() for c in candidates}
-        self.predicted = {c.key: c.predicted for c in candidates}
+        self.predicted: dict[str, Metrics] = {c.key: c.predicted for c in candidates}
         self._rows: dict[str, list[dict[str, Any]]] = {}
 
     def _start(self, trial: Any) -> None:
@@ -176,7 +176,7 @@ class TrialRecorder(Callback):
         tracker.log_batch(
             key,
             params={**_plan_params(self.plans[plan_key]), "plan_key": plan_key},
-            metrics=self.predicted.get(plan_key, {}),
+            metrics=self.predicted.get(plan_key, Metrics()).prefixed(PREDICTED),
             step=0,
         )
 
@@ -190,13 +190,9 @@ class TrialRecorder(Callback):
         rows = self._rows.setdefault(trial.trial_id, [])
         rows[:] = [*rows[-1:], dict(result)]  # the last step and the final status row are enough
         if "step" in result and "trial_status" not in result:
-            measured, predicted = split_metrics(result)
-            metrics = {
-                **{f"measured_{k}": v for k, v in measured.items()},
-                **{f"predicted_{k}": v for k, v in predicted.items()},
-            }
+            observed = Observation.from_report(result)  # a worker's report, as Tune hands it over
             tracker_for(self.target).log_metrics(
-                trial_key(self.search_id, trial.trial_id), metrics, int(result["step"])
+                trial_key(self.search_id, trial.trial_id), observed.flat(), int(result["step"])
             )
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -215,20 +211,16 @@ class TrialRecorder(Callback):
         last: dict[str, Any] = next(
             (r for r in reversed(self._rows.get(trial.trial_id, [])) if "step" in r), {}
         )
-        measured, predicted = split_metrics(last)
-        final = {
-            **{f"final_measured_{k}": v for k, v in measured.items()},
-            **{f"final_predicted_{k}": v for k, v in (predicted or self._predicted_plain(plan_key)).items()},
-        }
+        observed = Observation.from_report(last)
+        if not observed.predicted:
+            observed = observed.model_copy(update={"predicted": self.predicted.get(plan_key, Metrics())})
+        final = observed.flat(prefix="final_")
         tags = {"trial_status": status, "trial_reason": reason[:4000]}
         if status == "unschedulable":
             tags["mlflow.note.content"] = f"Never ran: {reason}"
         tracker.log_batch(key, metrics=final, tags=tags, step=step)
         self._log_artifacts(key, trial, plan_key)
         tracker.end_run(key, _STATUS_TO_RUN.get(status, "FAILED"))
-
-    def _predicted_plain(self, plan_key: str) -> dict[str, float]:
-        return {k.removeprefix("predicted_"): v for k, v in self.predicted.get(plan_key, {}).items()}
 
     def _log_artifacts(self, key: str, trial: Any, plan_key: str) -> None:
         from service.spec.plan import Plan

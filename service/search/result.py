@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from service.search.prune import PrunedPlan
 from service.spec.plan import Plan
+from service.spec.record import MEASURED, PREDICTED, Metrics
 
 FEASIBLE = ("ok", "stopped_early")
 INFEASIBLE = ("oom", "failed", "invalid", "hang")
@@ -33,28 +34,12 @@ class TrialRecord(BaseModel):
     status: str  # ok | stopped_early | oom | failed | invalid | hang | unschedulable
     reason: str = ""
     steps: int = 0
-    measured: dict[str, float] = {}
-    predicted: dict[str, float] = {}
+    measured: Metrics = Metrics()  # the last step's report
+    predicted: Metrics = Metrics()  # the cost model's, at proxy scale
     mlflow_run_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.model_dump(exclude={"plan"}), "plan": self.plan.model_dump()}
-
-
-def split_metrics(row: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """(measured, predicted) from one report: `measured_x`→x, `predicted_x`→x, plain throughput keys."""
-    measured: dict[str, float] = {}
-    predicted: dict[str, float] = {}
-    for key, value in row.items():
-        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-            continue
-        if key.startswith("predicted_"):
-            predicted[key.removeprefix("predicted_")] = float(value)
-        elif key.startswith("measured_"):
-            measured[key.removeprefix("measured_")] = float(value)
-        elif key in ("tokens_per_s", "samples_per_s", "step_time_s", "loss"):
-            measured[key] = float(value)
-    return measured, predicted
 
 
 def trial_outcome(
@@ -190,8 +175,8 @@ class SearchResult:
                 "reason": t.reason,
             }
             row.update({"steps": t.steps, **t.plan.model_dump()})
-            row.update({f"measured_{k}": v for k, v in t.measured.items()})
-            row.update({f"predicted_{k}": v for k, v in t.predicted.items()})
+            row.update(t.measured.prefixed(MEASURED))
+            row.update(t.predicted.prefixed(PREDICTED))
             row["mlflow_run_id"] = t.mlflow_run_id
             rows.append(row)
         return pd.DataFrame(rows)
@@ -208,8 +193,8 @@ class SearchResult:
                 "plan": best.plan.model_dump(),
                 "key": best.key,
                 "trial_id": best.trial_id,
-                "measured": best.measured,
-                "predicted": best.predicted,
+                "measured": best.measured.model_dump(),
+                "predicted": best.predicted.model_dump(),
             },
             "trials": [t.to_dict() for t in self.trials],
             "pruned": [

@@ -1,8 +1,8 @@
 """Plots a search logs as artifacts: measured vs predicted throughput and memory, throughput per plan.
 
-Each function takes plain rows (`label`, `measured`, `predicted` dicts with the keys the proxy reports,
-without the `measured_`/`predicted_` prefix) and writes one PNG, so the tracking package needs no
-knowledge of Ray or of the search. The diagonal in the scatter plots is "the model was exact".
+Each function takes rows `(label, Observation)` (the typed measured/predicted record of
+service/spec/record.py) and writes one PNG, so the tracking package needs no knowledge of Ray or of
+the search. The diagonal in the scatter plots is "the model was exact".
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ import matplotlib
 matplotlib.use("Agg")  # files only; the driver may have no display
 import matplotlib.pyplot as plt
 
-Row = dict[str, Any]
+from service.spec.record import Observation
+
+Row = tuple[str, Observation]  # a plan's label and what it measured beside what was predicted
 
 
 def _pairs(rows: Sequence[Row], key: str) -> tuple[list[str], list[float], list[float]]:
     labels, measured, predicted = [], [], []
-    for row in rows:
-        m, p = row.get("measured", {}).get(key), row.get("predicted", {}).get(key)
+    for label, observed in rows:
+        m, p = observed.measured.get(key), observed.predicted.get(key)
         if m is not None and p is not None and m > 0 and p > 0:
-            labels.append(str(row["label"]))
+            labels.append(label)
             measured.append(float(m))
             predicted.append(float(p))
     return labels, measured, predicted
@@ -53,8 +55,8 @@ def throughput_per_plan(rows: Sequence[Row], key: str, path: Path) -> Path | Non
     """Bars of measured and predicted `key` for every trial, best measured first; None if no data."""
     data = sorted(
         (
-            (str(r["label"]), r.get("measured", {}).get(key) or 0.0, r.get("predicted", {}).get(key) or 0.0)
-            for r in rows
+            (label, observed.measured.get(key) or 0.0, observed.predicted.get(key) or 0.0)
+            for label, observed in rows
         ),
         key=lambda t: -t[1],
     )

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from service.report.memo import fmt_dollars, fmt_gib, fmt_hours, fmt_tokens
-from service.run.result import RunResult
+from service.report.result import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = (

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.run.result import RunResult
+from service.report.result import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_PROXIES = 2

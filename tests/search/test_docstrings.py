@@ -15,6 +15,7 @@ MODULES = [
     "service.search.result",
     "service.search.config",
     "service.search.driver",
+    "service.spec.record",
 ]
 REPO = Path(__file__).resolve().parents[2]
 

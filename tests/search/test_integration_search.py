@@ -24,7 +24,7 @@ def test_trials_ran_in_predicted_order_oom_is_infeasible_and_the_search_went_on(
     assert [t.plan.micro_batch for t in result.trials] == [1024, 2]  # the model ranks mb 1024 first
     oom, ok = result.trials
     assert oom.status == "oom" and "allocate memory" in oom.reason
-    assert oom.measured == {} and oom.predicted["tokens_per_s"] > 0 and oom.predicted["fits"] == 1.0
+    assert not oom.measured and oom.predicted["tokens_per_s"] > 0 and oom.predicted["fits"] == 1.0
     assert ok.status == "ok" and ok.steps == 4
     assert ok.measured["tokens_per_s"] > 0 and ok.measured["model_state_bytes_per_rank"] > 0
     assert ok.measured["tokens_per_s"] == pytest.approx(ok.measured["samples_per_s"] * 64)

@@ -67,7 +67,7 @@ def test_candidates_are_in_predicted_order_and_unguided_keeps_space_order(tiny) 
     values = [c.predicted_value for c in guided.candidates]
     assert values == sorted(values, reverse=True) and len(values) == 16
     for c in guided.candidates[:3]:  # the prediction stored is the cost model's, not a copy of something else
-        assert c.predicted == pytest.approx(predict_proxy(tiny, c.plan))
+        assert c.predicted.prefixed("predicted_") == pytest.approx(predict_proxy(tiny, c.plan))
     plain = prune_space(tiny, space, guided=False)
     assert {c.key for c in plain.candidates} == {c.key for c in guided.candidates}
     keys_in_space_order = [c.key for c in plain.candidates]
@@ -98,3 +98,21 @@ def test_13b_space_prunes_and_keeps_hundreds() -> None:
     assert kinds == {"invalid", "constraint", "predicted_oom"}
     assert len(result.candidates) > 100
     assert all(c.plan.num_gpus == exp.proxy.num_workers == 8 for c in result.candidates)
+
+
+def test_saved_pruning_keeps_typed_predictions_and_reads_an_older_state(tiny) -> None:
+    import json
+
+    from service.search.prune import pruning_from_json, pruning_to_json
+
+    space = space_from_dict({"name": "s", "params": {"zero_stage": [1], "micro_batch": [2, 8192]}})
+    pruned = prune_space(tiny, space)
+    saved = json.loads(json.dumps(pruning_to_json(pruned)))
+    assert "tokens_per_s" in saved["candidates"][0]["predicted"]  # plain quantity names in the state
+    again = pruning_from_json(saved)
+    assert again.candidates[0].predicted == pruned.candidates[0].predicted
+    assert again.pruned[0].predicted.peak_memory_bytes_per_rank > 0
+    # A search saved before predictions were typed kept predict_proxy's `predicted_x` keys.
+    old = pruned.candidates[0].predicted.prefixed("predicted_")
+    saved["candidates"][0]["predicted"] = old
+    assert pruning_from_json(saved).candidates[0].predicted == pruned.candidates[0].predicted

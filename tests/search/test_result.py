@@ -6,19 +6,40 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from service.search.prune import PrunedPlan
-from service.search.result import SearchResult, TrialRecord, split_metrics, trial_outcome
+from service.search.result import SearchResult, TrialRecord, trial_outcome
 from service.search.trial import STARTED_EVENT, _earlier_outcome, _fit, workers_placed
 from service.spec import Plan
+from service.spec.record import Observation
 
 STEP = {"step": 5.0, "loss": 6.1, "tokens_per_s": 1200.0, "measured_peak_memory_bytes_per_rank": 9e8,
         "predicted_tokens_per_s": 8000.0, "predicted_fits": 1.0, "done": 1.0}  # fmt: skip
 
 
-def test_split_metrics_separates_measured_and_predicted() -> None:
-    measured, predicted = split_metrics({**STEP, "trial_status": "ok", "nan": float("nan")})
-    assert measured == {"loss": 6.1, "tokens_per_s": 1200.0, "peak_memory_bytes_per_rank": 9e8}
-    assert predicted == {"tokens_per_s": 8000.0, "fits": 1.0}
+def test_a_report_becomes_one_typed_observation() -> None:
+    report = {**STEP, "trial_status": "ok", "measured_nan": float("nan"), "predicted_x_bytes": 5.0}
+    observed = Observation.from_report(report)
+    assert observed.measured.model_dump() == {
+        "tokens_per_s": 1200.0,
+        "loss": 6.1,
+        "peak_memory_bytes_per_rank": 9e8,
+    }
+    assert observed.predicted.tokens_per_s == 8000.0 and observed.predicted.fits == 1.0
+    assert observed.predicted["x_bytes"] == 5.0  # a quantity the model adds later is kept, typed float
+    assert "nan" not in observed.measured and observed.measured.step_time_s is None
+    # MLflow's names are the report's own: the prefixes come back only there.
+    assert observed.flat() == {
+        "measured_tokens_per_s": 1200.0, "measured_loss": 6.1, "measured_peak_memory_bytes_per_rank": 9e8,
+        "predicted_fits": 1.0, "predicted_x_bytes": 5.0, "predicted_tokens_per_s": 8000.0,
+    }  # fmt: skip
+    assert observed.flat("final_")["final_predicted_fits"] == 1.0
+    with pytest.raises(ValidationError):  # frozen
+        observed.measured.loss = 1.0  # type: ignore[misc]
+    with pytest.raises(KeyError):
+        observed.measured["step_time_s"]
 
 
 def test_trial_outcomes() -> None:
@@ -112,8 +133,10 @@ def test_fit_ends_a_trial_whose_workers_are_never_placed_as_unschedulable(tmp_pa
         _PendingTrainer(tmp_path, None), 60.0, log, pending_timeout_s=0.5, run_dir=tmp_path, extra={"x": 1.0}
     )
     assert status == "unschedulable", reason
-    wanted = "unschedulable: 2 workers of {'CPU': 1, 'GPU': 1.0, 'x': 1.0} each were not placed within 0.5 s"
-    assert reason == wanted
+    assert (
+        reason
+        == "unschedulable: 2 workers of {'CPU': 1, 'GPU': 1.0, 'x': 1.0} each were not placed within 0.5 s"
+    )
     assert time.monotonic() - started < 5
 
 

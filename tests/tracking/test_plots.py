@@ -6,9 +6,10 @@ from pathlib import Path
 
 import matplotlib.image as mpimg
 
+from service.spec.record import Observation
 from service.tracking.plots import measured_vs_predicted, search_plots, throughput_per_plan
 
-ROWS = [
+DATA = [
     {
         "label": "dp2-z1-mb2",
         "measured": {
@@ -36,6 +37,10 @@ ROWS = [
         },
     },
     {"label": "dp2-z1-mb1024 (oom)", "measured": {}, "predicted": {"tokens_per_s": 13000.0}},
+]
+ROWS = [
+    (r["label"], Observation(measured=r["measured"], predicted=r["predicted"]))  # type: ignore[arg-type]
+    for r in DATA
 ]
 
 

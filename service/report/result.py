@@ -1,7 +1,8 @@
 """`RunResult`: everything `run` decided, as typed records that serialise to one JSON document.
 
 The memo (service/report) is drawn from this document alone, so `python -m service report` can rebuild
-it from a finished run's `result.json`. Every number carries a provenance tag (see `TAGS`).
+it from a finished run's `result.json`. Every number carries a provenance tag (see `TAGS`). The schema
+lives here, beside the memo that reads it, so that `run` imports `report` and never the reverse.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from service.spec.record import Metrics
 
 PRIOR = "analytical prior"
 CALIBRATED = "calibrated on proxies"
@@ -72,9 +75,9 @@ class ProxyTrial(BaseModel):
     proxy_plan: dict[str, Any]
     status: str
     reason: str = ""
-    measured: dict[str, float] = Field(default_factory=dict)
-    predicted_prior: dict[str, float] = Field(default_factory=dict)
-    predicted_calibrated: dict[str, float] = Field(default_factory=dict)
+    measured: Metrics = Metrics()
+    predicted_prior: Metrics = Metrics()  # the cost model with the shipped parameters
+    predicted_calibrated: Metrics = Metrics()  # with the parameters fitted on these proxies
     mlflow_run_id: str | None = None
 
 
