@@ -5,7 +5,8 @@ Model state (`model_state_bytes`): every tensor reachable from the engine's modu
 `.grad`, ZeRO-3's `ds_tensor` partitions) and from its optimizer object (ZeRO's flat buffers, fp32
 master partitions, the inner optimizer's `state`), counted once per storage (views of one flat buffer
 count once, at the storage's full size, padding included). Each storage is put in one class:
-- `params`: storages of the module's parameters (ZeRO-3: the `ds_tensor` partitions),
+- `params`: storages of the module's parameters (ZeRO-3: the `ds_tensor` partitions, and with ZeRO++ hpZ
+  the `ds_secondary_tensor` partitions each rank keeps of its node's share),
 - `optimizer`: the inner optimizer's `state` tensors (Adam moments, step),
 - `master`: fp32 copies of the parameters the optimizer updates (ZeRO's `single_partition_of_fp32_groups`,
   `fp32_partitioned_groups_flat`, the BF16 optimizer's fp32 groups) when they are not the parameters,
@@ -113,6 +114,9 @@ def model_state_bytes(
     for p in params:  # parameters first, so views of ZeRO's flat parameter buffers count as params
         ds_tensor = getattr(p, "ds_tensor", None)
         ledger.add(ds_tensor if ds_tensor is not None else p.data, "params", "module")
+        secondary = getattr(p, "ds_secondary_tensor", None)  # ZeRO++ hpZ's intra-node copy
+        if secondary is not None:
+            ledger.add(secondary, "params", "hpz_secondary")
     inner = _inner_optimizer(optimizer)
     if inner is not None:
         for state in inner.state.values():

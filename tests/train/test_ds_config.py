@@ -114,3 +114,28 @@ def test_optimizer_needs_no_compiled_cuda_kernel():
         "params"
     ]
     assert "torch_adam" not in off  # DeepSpeedCPUAdam (C++ JIT, no CUDA) runs the offloaded step
+
+
+def test_hierarchical_zero_reaches_deepspeeds_zero_section():
+    """hpZ's keys come from `service.spec.zero.hierarchical_zero_config`, the planner's own mapping."""
+    hpz = Plan(dp=4, zero_stage=3, zero_hpz_partition_size=2, precision="fp32")
+    assert deepspeed_config(hpz, CPU, MODEL)["zero_optimization"]["zero_hpz_partition_size"] == 2
+    assert (
+        "zero_hpz_partition_size"
+        not in deepspeed_config(Plan(dp=4, zero_stage=3), CPU, MODEL)["zero_optimization"]
+    )
+
+
+def test_what_the_installed_deepspeed_cannot_run_is_refused_before_a_proxy_starts():
+    from service.train.proxy_scale import proxy_plan_problem
+
+    exp = load_experiment("experiments/tiny-cpu.yaml")
+    four = exp.model_copy(update={"proxy": exp.proxy.model_copy(update={"num_workers": 4})})
+    mics = Plan(dp=4, zero_stage=3, mics_shard_size=2, precision="fp32")
+    assert "removed MiCS" in proxy_plan_problem(four, mics)
+    two = Plan(dp=2, zero_stage=3, zero_quantized_weights=True, precision="fp32")
+    assert "no CPU implementation" in proxy_plan_problem(exp, two)
+    assert (
+        proxy_plan_problem(four, Plan(dp=4, zero_stage=3, zero_hpz_partition_size=2, precision="fp32"))
+        is None
+    )

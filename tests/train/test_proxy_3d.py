@@ -1,7 +1,7 @@
 """3D proxy trials on a local Ray (gloo, 2 to 8 CPU workers): tp × pp × dp with the proxy's own
 Megatron-style TP layers inside DeepSpeed's PipelineModule, sequence parallelism, DeepSpeed-Ulysses
-context parallelism, measured against the cost model, and bitwise resume of a tp2·pp2 plan after an
-injected failure.
+context parallelism and ZeRO++ hpZ, measured against the cost model, and bitwise resume of a tp2·pp2
+plan after an injected failure.
 
 One Ray session (8 logical CPUs: the 2-core machine runs 8 workers, slowly) serves the module; each
 plan runs once (cached) however many tests read it.
@@ -35,6 +35,10 @@ PLANS = {
         precision="fp32",
     ),
     "cp2": Plan(dp=1, cp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
+    # ZeRO++ hpZ: each rank also keeps a secondary partition of its group's parameters (Ψ/2 here)
+    "z3-hpz2": Plan(
+        dp=4, zero_stage=3, zero_hpz_partition_size=2, micro_batch=2, grad_accum=2, precision="fp32"
+    ),
 }
 
 
