@@ -63,16 +63,16 @@ def scenario(model: ModelSpec, gpus: int) -> tuple[ModelSpec, ClusterSpec, Workl
     return model, cluster, workload
 
 
-def rank(model: ModelSpec, cluster: ClusterSpec, workload: Workload, engines: tuple[str, ...]) -> Any:
+def rank(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    workload: Workload,
+    engines: tuple[str, ...],
+    precision: tuple[Precision, ...] | None = None,
+) -> Any:
     budget = Budget(objective="throughput")
-    return rank_plans(
-        model,
-        cluster,
-        workload,
-        budget,
-        precision=precisions(cluster.gpu.name),
-        engines=engines,  # type: ignore[arg-type]
-    )
+    chosen = precision or precisions(cluster.gpu.name)
+    return rank_plans(model, cluster, workload, budget, precision=chosen, engines=engines)  # type: ignore[arg-type]
 
 
 def scalar_s_per_plan(
@@ -94,6 +94,7 @@ def best(ranking: Any) -> dict[str, Any]:
     est = ranking.estimates
     return {
         "plan": ranking.enumeration.plans.row(row).short(),
+        "precision": ranking.enumeration.plans.row(row).precision,
         "tokens_per_s_per_gpu": round(float(est.tokens_per_s_per_gpu[row]), 1),
         "mfu": round(float(est.mfu[row]), 4),
         "memory_gib": round(float(est.total_bytes[row]) / 2**30, 1),
@@ -132,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model.name:12s} {gpus:6d} GPUs: {speed[f'{model.name}-{gpus}xh100']}")
     results["speed"] = speed
     m, c, w = scenario(load_model("llama3-70b"), 1024)
-    results["answer_llama3_70b_1024xh100"] = {e: best(rank(m, c, w, (e,))) for e in ENGINES}
-    results["answer_llama3_70b_1024xh100"]["all_engines"] = speed["llama3-70b-1024xh100"]["best"]
+    answers: dict[str, Any] = {}
+    for precision in ("bf16", "fp8"):
+        for engines in [(e,) for e in ENGINES] + [ENGINES]:
+            key = f"{engines[0] if len(engines) == 1 else 'all_engines'} {precision}"
+            answers[key] = best(rank(m, c, w, engines, (precision,)))  # type: ignore[arg-type]
+    results["answer_llama3_70b_1024xh100"] = answers
     print("70B / 1,024 H100, seq 8192:", json.dumps(results["answer_llama3_70b_1024xh100"], indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

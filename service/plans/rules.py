@@ -30,7 +30,6 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("zero_stage 3 with tp > 1", "zero_stage", "tensor parallelism"),
     ("fsdp has no zero_stage 1", "zero_stage", "FSDP shards gradients with optimizer states"),
     ("fsdp offloads all or nothing", "offload_params", "FSDP's CPUOffload moves"),
-    ("fsdp with pp > 1", "pp", "not modelled for fsdp"),
     ("megatron zero_stage > 1", "zero_stage", "distributed optimizer is zero_stage 1"),
     ("megatron offload", "offload_optimizer", "Megatron-LM does not offload"),
     ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
@@ -51,9 +50,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-15 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-14 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:16])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:15])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -82,7 +81,6 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         ds & (p.tp > 1) & (p.zero_stage == 3),
         fsdp & (p.zero_stage == 1),
         fsdp & (p.offload_optimizer != p.offload_params),
-        fsdp & (p.pp > 1),
         megatron & (p.zero_stage > 1),
         megatron & (p.offload_optimizer | p.offload_params),
         p.sequence_parallel & (p.tp == 1),

@@ -131,13 +131,14 @@ class Plan(BaseModel):
 
     def short(self) -> str:
         """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2` after
-        the pipeline when cp > 1)."""
+        the pipeline when cp > 1; ZeRO++ / MiCS settings after the offloads; `-fp8` last)."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         off += f"-hpz{self.zero_hpz_partition_size}" if self.zero_hpz_partition_size > 1 else ""
         off += f"-mics{self.mics_shard_size}" if self.mics_shard_size else ""
         off += "-qw" if self.zero_quantized_weights else ""
         off += "-qg" if self.zero_quantized_gradients else ""
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
+        sp += "-fp8" if self.precision == "fp8" else ""
         vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         vs += f"-cp{self.cp}" if self.cp > 1 else ""
         engine = "" if self.engine == "deepspeed" else f"{self.engine}:"
@@ -214,8 +215,8 @@ def _fsdp_problem(plan: Plan) -> tuple[str, str] | None:
         return "zero_stage", "FSDP shards gradients with optimizer states; allowed: 0, 2 or 3"
     if plan.offload_optimizer != plan.offload_params:
         return "offload_params", "FSDP's CPUOffload moves parameters, gradients and optimizer together"
-    if plan.pp > 1:
-        return "pp", "pipeline parallelism is not modelled for fsdp plans; allowed: 1"
+    # pp > 1: torchtitan composes FSDP2 with pipeline stages (torch.distributed.pipelining), TP and CP
+    # (torchtitan docs/performance.md: Llama 3.1 405B with FSDP 8 × TP 8 × PP 8).
     return None
 
 

@@ -229,8 +229,8 @@ def test_every_engine_is_enumerated_under_its_own_rules():
     by_engine = {e: int((plans.engine == i).sum()) for i, e in enumerate(ENGINE_CODES)}
     assert by_engine["deepspeed"] == 4929  # the deepspeed-only count (test_valid_plan_counts.py)
     fsdp, megatron = plans.take(plans.engine == 1), plans.take(plans.engine == 2)
-    # FSDP: no ZeRO-1, offload all or nothing, no pipeline; Megatron: ZeRO ≤ 1, no offload.
-    assert set(fsdp.zero_stage.tolist()) == {0, 2, 3} and set(fsdp.pp.tolist()) == {1}
+    # FSDP: no ZeRO-1, offload all or nothing, pipelines as torchtitan runs them; Megatron: ZeRO ≤ 1.
+    assert set(fsdp.zero_stage.tolist()) == {0, 2, 3} and set(fsdp.pp.tolist()) == {1, 2, 4, 8}
     assert (fsdp.offload_optimizer == fsdp.offload_params).all()
     assert set(megatron.zero_stage.tolist()) == {0, 1} and not megatron.offload_optimizer.any()
     # Interleaving only on megatron, with pp·virtual_stages dividing the 40 layers.
