@@ -1,0 +1,32 @@
+"""benchmarks/enumeration.py runs, writes its results, and ranks each scenario's whole space in < 1 s."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_enumeration_benchmark_writes_results(tmp_path):
+    out = tmp_path / "enumeration.json"
+    script = ROOT / "benchmarks" / "enumeration.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--repeats", "1", "--scalar-sample", "5", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    data = json.loads(out.read_text())
+    met = all(s["meets_target"] for s in data["speed"].values())
+    assert proc.returncode == (0 if met else 1), proc.stderr
+    assert len(data["speed"]) == 6
+    for name, s in data["speed"].items():
+        assert s["candidates"] > 2_000_000 and s["valid_plans_ranked"] > 5_000, name
+        assert s["rank_s_best"] < 5.0 and s["speedup_vs_scalar"] > 10, name  # loose: a loaded machine
+    answer = data["answer_llama3_70b_1024xh100"]
+    assert answer["deepspeed bf16"]["plan"] == "dp16-tp2-pp8-cp4-z1-mb1-ga128-rc:none"
+    assert answer["all_engines fp8"]["precision"] == "fp8"
