@@ -17,6 +17,7 @@ from service.search.prune import PruneResult
 from service.search.space import SearchSpace
 from service.search.trial import TrialSetup, run_trial
 from service.spec.experiment import ExperimentSpec
+from service.spec.record import report_key
 from service.tracking.uri import TrackingTarget
 
 LAUNCH_ORDER_FILE = "launch_order.txt"
@@ -98,7 +99,9 @@ def callbacks(search: TunerSettings, pr: PruneResult, stop: Any) -> list[Any]:
     ]
     if search.progress:
         made.append(
-            ProgressBar(search.planned_trials, len(pr.pruned), search.space.metric, search.space.direction)
+            ProgressBar(
+                search.planned_trials, len(pr.pruned), report_key(search.space.metric), search.space.direction
+            )
         )
     return made
 
@@ -113,19 +116,20 @@ def build_tuner(search: TunerSettings, pr: PruneResult) -> Any:
     if search.restored and tune.Tuner.can_restore(str(search.path)):
         return tune.Tuner.restore(str(search.path), trainable(search, pr), resume_unfinished=True)
     space = search.space
+    metric = report_key(space.metric)  # Tune reads the metric under its name in the workers' reports
     varied = space.params.varied()
     searcher = PlanSearcher(
         [(c.key, {name: getattr(c.plan, name) for name in varied}) for c in pr.candidates],
         varied,
         search.algorithm,
-        space.metric,
+        metric,
         space.direction,
         seed=search.seed,
         order_file=str(search.path / LAUNCH_ORDER_FILE),
     )
-    stop = NoImprovementStop(space.metric, space.direction, search.patience)
+    stop = NoImprovementStop(metric, space.direction, search.patience)
     scheduler = asha(
-        space.search.asha, space.metric, space.direction, search.steps, search.experiment.proxy.warmup_steps
+        space.search.asha, metric, space.direction, search.steps, search.experiment.proxy.warmup_steps
     )
     tune_config = tune.TuneConfig(
         search_alg=searcher,

@@ -35,6 +35,13 @@ PREDICTED = "predicted_"
 PLAIN_MEASURED = ("tokens_per_s", "samples_per_s", "step_time_s", "loss")
 
 
+def report_key(quantity: str) -> str:
+    """The name a measured quantity has in a worker's report, which is what Ray Tune's schedulers,
+    searchers and stoppers read: `tokens_per_s` as is, `peak_memory_bytes_per_rank` as
+    `measured_peak_memory_bytes_per_rank`."""
+    return quantity if quantity in PLAIN_MEASURED else MEASURED + quantity
+
+
 def _number(value: Any) -> float | None:
     """A finite float, or None (NaN means "not measured" / "the model could not say")."""
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -98,3 +98,19 @@ def test_orphaned_placement_groups_of_dead_actors_are_freed() -> None:
         assert ray.available_resources()["CPU"] == pytest.approx(2.5)
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("metric", ["tokens_per_s", "peak_memory_bytes_per_rank"])
+def test_tune_reads_every_search_metric_under_its_name_in_the_workers_report(metric: str) -> None:
+    """The search's stop, searcher and ASHA are given `report_key(metric)`: a memory search sees its
+    values (the worker reports memory as `measured_...`); under the plain name it would see none."""
+    from service.spec.record import report_key
+
+    report = {"step": 5.0, "tokens_per_s": 1.2e3, "measured_peak_memory_bytes_per_rank": 9e8, "last_step": 1}
+    for name, seen in ((report_key(metric), True), (metric, metric == "tokens_per_s")):
+        stop = NoImprovementStop(name, "max", patience=1)
+        trial = SimpleNamespace(trial_id="a")
+        stop.on_trial_result(0, [], trial, report)
+        stop.on_trial_complete(0, [], trial)
+        assert (stop.best is not None) == seen, name
+    assert report_key("peak_memory_bytes_per_rank") == "measured_peak_memory_bytes_per_rank"
