@@ -183,3 +183,22 @@ def test_earlier_outcome_recognises_a_finished_run(tmp_path: Path) -> None:
         "memory limit",
         {"step": 5.0, "tokens_per_s": 900.0},
     )
+
+
+class InsufficientClusterResourcesError(RuntimeError):
+    """Stands in for Ray Train's own (ray.train.v2.api.exceptions): raised before any placement group is
+    made when the autoscaler's maximum cannot hold the worker group."""
+
+
+REFUSAL = 'The worker group requires {"GPU": 16} but the cluster only has a maximum of {"GPU": 8} resources.'
+
+
+class _TooBigTrainer:
+    def fit(self) -> None:
+        raise InsufficientClusterResourcesError(f"Insufficient cluster resources.\n{REFUSAL}")
+
+
+def test_fit_reads_ray_trains_own_capacity_refusal_as_unschedulable(tmp_path: Path) -> None:
+    log = tmp_path / "trial.log"
+    status, reason = _fit(_TooBigTrainer(), 5.0, log, pending_timeout_s=60, run_dir=tmp_path)
+    assert (status, reason) == ("unschedulable", f"unschedulable: {REFUSAL}")
