@@ -2,7 +2,7 @@
 
 A space is strict data (YAML or Python, same schema). Every field of `params` is a `Plan` field and
 takes a list of values (a single value means fixed); `dp` is not a parameter: at proxy scale it is
-derived as proxy.num_workers / (tp·pp), so every point is a full `Plan` that `plan_problem` judges.
+derived as proxy.num_workers / (tp·pp·cp), so every point is a full `Plan` that `plan_problem` judges.
 
 Example (YAML):
     name: tiny-cpu
@@ -69,11 +69,10 @@ def _as_list(value: Any) -> Any:
 # description: a field added to `Plan` is searchable at once (a value the proxy cannot lay out is
 # pruned as invalid, with `proxy_plan_problem`'s reason), unless it is listed here.
 NOT_SEARCHED: dict[str, str] = {
-    "dp": "derived at proxy scale (proxy.num_workers / (tp·pp))",
+    "dp": "derived at proxy scale (proxy.num_workers / (tp·pp·cp))",
     "precision": "the proxy's own (proxy.precision)",
     "virtual_stages": "1 for proxies: DeepSpeed's pipeline engine runs plain 1F1B only",
     "engine": "deepspeed for proxies: they run the engine the service runs",
-    "cp": "1 for proxies: the proxy worker does not split sequences (context parallelism) yet",
 }
 
 

@@ -116,3 +116,12 @@ def test_saved_pruning_keeps_typed_predictions_and_reads_an_older_state(tiny) ->
     old = pruned.candidates[0].predicted.prefixed("predicted_")
     saved["candidates"][0]["predicted"] = old
     assert pruning_from_json(saved).candidates[0].predicted == pruned.candidates[0].predicted
+
+
+def test_a_plan_field_is_searchable_without_restating_it(tiny) -> None:
+    """cp came to `Plan` after the search space was written: derived from Plan, the space varies it,
+    dp fills the workers left by tp·pp·cp, and a degree the proxy cannot lay out is pruned as invalid."""
+    space = space_from_dict({"params": {"zero_stage": [1], "cp": [1, 2, 4], "micro_batch": [2]}})
+    result = prune_space(tiny, space)
+    assert sorted((c.plan.cp, c.plan.dp) for c in result.candidates) == [(1, 2), (2, 1)]
+    assert [(p.plan.cp, p.kind) for p in result.pruned if p.plan] == [(4, "invalid")]
