@@ -132,6 +132,7 @@ def ulysses_attention_forward(attn: Any, group: Any) -> Any:
         return out  # (batch, sequence, heads/cp, head_dim)
 
     core = DistributedAttention(local_attention, group, scatter_idx=2, gather_idx=1)
+    cp = dist.get_world_size(group)
 
     def forward(hidden_states, position_embeddings=None, attention_mask=None, **kwargs):  # type: ignore[no-untyped-def]
         query = attn.q_proj(hidden_states)
@@ -141,10 +142,19 @@ def ulysses_attention_forward(attn: Any, group: Any) -> Any:
         value = attn.v_proj(hidden_states).view(shape)
         cos, sin = position_embeddings
         query, key = apply_rotary_pos_emb(query, key, cos, sin, unsqueeze_dim=2)
+        key, value = _repeat_kv_heads(key, cp), _repeat_kv_heads(value, cp)
         out = core(query, key, value, 0)
         return attn.o_proj(out.reshape(*shape[:2], -1).contiguous()), None
 
     return forward
+
+
+def _repeat_kv_heads(x: torch.Tensor, cp: int) -> torch.Tensor:
+    """KV heads repeated up to cp when a rank holds fewer (GQA with tp·cp > KV heads): DeepSpeed's
+    all-to-all needs at least one KV head per rank (sequence/layer.py asserts it), and a repeated head
+    serves the same query heads as the original, as Megatron's GQA repeats KV heads when tp > groups."""
+    heads = x.shape[2]
+    return x if heads >= cp else x.repeat_interleave(cp // heads, dim=2)
 
 
 def context_parallel_loss(logits: torch.Tensor, input_ids: torch.Tensor, group: Any) -> torch.Tensor:
