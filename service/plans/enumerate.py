@@ -96,11 +96,15 @@ def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Seque
     )
 
 
-def zero_variants(gpus_per_node: int) -> list[tuple[int, int, bool, bool]]:
+def zero_variants(gpus_per_node: int, num_gpus: int) -> list[tuple[int, int, bool, bool]]:
     """(hpZ size, MiCS shard, qwZ, qgZ) tried on DeepSpeed ZeRO-3 plans besides plain ZeRO-3: hpZ in a
-    node, ZeRO++'s full recipe (hpZ + qwZ + qgZ, Wang et al. 2023 §4), quantized collectives alone, and
-    MiCS sharding in one node and in two (Zhang et al. 2022, §3)."""
+    node, ZeRO++'s full recipe (hpZ + qwZ + qgZ), quantized collectives alone, and MiCS sharding in one
+    node and in two. None on a single node: hpZ and MiCS groups of a node are then plain ZeRO-3, and
+    ZeRO++ and MiCS target the cross-node links (Wang et al. 2023 §1; Zhang et al. 2022 §1); the
+    quantization kernels' own time is not modelled, so they would look free over NVLink."""
     n = gpus_per_node
+    if num_gpus <= n:
+        return []
     return [
         (n, 0, False, False),
         (n, 0, True, True),
@@ -110,7 +114,7 @@ def zero_variants(gpus_per_node: int) -> list[tuple[int, int, bool, bool]]:
     ]
 
 
-def _with_zero_variants(table: PlanTable, gpus_per_node: int) -> PlanTable:
+def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int) -> PlanTable:
     """`table` plus, for each of its ZeRO-3 rows, one row per `zero_variants` setting."""
     z3 = table.take(table.zero_stage == 3)
     extra = [
@@ -121,7 +125,7 @@ def _with_zero_variants(table: PlanTable, gpus_per_node: int) -> PlanTable:
             zero_quantized_weights=np.full(len(z3), qw),
             zero_quantized_gradients=np.full(len(z3), qg),
         )
-        for hpz, mics, qw, qg in zero_variants(gpus_per_node)
+        for hpz, mics, qw, qg in zero_variants(gpus_per_node, num_gpus)
     ]
     return concat([table, *extra])
 
@@ -138,7 +142,7 @@ def _structures(
     shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
     tables = [_engine_structures(shapes, e, virtual_stages) for e in engines]
     tables = [
-        _with_zero_variants(t, gpus_per_node) if e == "deepspeed" else t
+        _with_zero_variants(t, gpus_per_node, num_gpus) if e == "deepspeed" else t
         for t, e in zip(tables, engines, strict=True)
     ]
     return concat(tables)

@@ -171,7 +171,7 @@ def test_every_enumerated_plan_is_a_valid_plan_for_the_workload():
 
 def test_enumeration_is_complete_against_brute_force():
     """Every Plan plan_problem accepts (micro-batch a power of two ≤ cap) is enumerated, and only those."""
-    cluster = ClusterSpec(gpu="cpu", num_nodes=1, gpus_per_node=4)
+    cluster = ClusterSpec(gpu="cpu", num_nodes=2, gpus_per_node=2)  # two nodes: ZeRO++ / MiCS enumerated
     workload = Workload(seq_len=64, global_batch_sequences=8, tokens_to_train=1e6)
     brute = set()
     shapes = [
@@ -182,7 +182,8 @@ def test_enumeration_is_complete_against_brute_force():
         for c in range(1, 5)
         if d * t * p * c == 4
     ]
-    zeros = [(z, 1, 0, False, False) for z in range(4)] + [(3, *v) for v in zero_variants(4)]
+    assert zero_variants(8, 8) == []  # one node: hpZ / MiCS groups are the whole ZeRO group
+    zeros = [(z, 1, 0, False, False) for z in range(4)] + [(3, *v) for v in zero_variants(2, 4)]
     for (dp, tp, pp, cp), (zero, hpz, mics, qw, qg), oo, op, mb, ga, rc, sp in itertools.product(
         shapes,
         zeros,
