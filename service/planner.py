@@ -25,7 +25,7 @@ from service.plans.enumerate import (
     DEFAULT_MAX_MICRO_BATCH,
     Enumeration,
     enumerate_plans,
-    micro_batches,
+    outside_space,
 )
 from service.plans.select import GIB, STATUSES, Selection, select_plan
 from service.plans.table import PRECISION_CODES, PlanTable
@@ -176,10 +176,8 @@ class PlanResult:
         problem = plan_problem(plan, spec.model, spec.cluster, spec.workload)
         if problem:
             return f"invalid: {problem[0]}: {problem[1]}"
-        tried = micro_batches(self._max_micro_batch)
-        if plan.micro_batch not in tried:
-            return f"not enumerated: the planner tries micro_batch in {tried}"
-        return f"not enumerated: the planner scored {self._precision} plans only"
+        why = outside_space(plan, spec.cluster, spec.engines, self._max_micro_batch, self._precision)  # type: ignore[arg-type]
+        return f"not enumerated: {why or 'not a candidate of this enumeration'}"
 
 
 def _message(ranking: Ranking) -> str:

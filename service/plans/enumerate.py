@@ -31,7 +31,7 @@ from service.plans.rules import (  # noqa: F401  (re-exported: the rule codes be
 from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable, concat
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
-from service.spec.plan import Engine, Precision
+from service.spec.plan import Engine, Plan, Precision
 from service.spec.workload import Workload
 
 DEFAULT_MAX_MICRO_BATCH = 64
@@ -234,3 +234,28 @@ def enumerate_plans(
     counts = np.bincount(structure_codes, minlength=len(INVALID_REASONS)) * per_structure
     counts += np.bincount(codes, minlength=len(INVALID_REASONS))
     return Enumeration(expanded.take(codes == VALID), len(structures) * per_structure, _named_counts(counts))
+
+
+def outside_space(
+    plan: Plan,
+    cluster: ClusterSpec,
+    engines: Sequence[Engine] = ("deepspeed",),
+    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
+    precision: Precision | Sequence[Precision] = "bf16",
+) -> str | None:
+    """Which choice of a valid `plan` the enumeration does not try (None when it is a candidate)."""
+    if plan.engine not in engines:
+        return f"the planner searched engines {', '.join(engines)} (the experiment's `engines`)"
+    if plan.micro_batch not in micro_batches(max_micro_batch):
+        return f"the planner tries micro_batch in {micro_batches(max_micro_batch)}"
+    if plan.cp > DEFAULT_MAX_CP:
+        return f"the planner tries cp up to {DEFAULT_MAX_CP}"
+    if plan.virtual_stages not in DEFAULT_VIRTUAL_STAGES:
+        return f"the planner tries virtual_stages in {list(DEFAULT_VIRTUAL_STAGES)}"
+    hpz, mics = plan.zero_hpz_partition_size, plan.mics_shard_size
+    zero = (hpz, mics, plan.zero_quantized_weights, plan.zero_quantized_gradients)
+    if zero != (1, 0, False, False) and zero not in zero_variants(cluster.gpus_per_node, cluster.num_gpus):
+        return "the planner tries ZeRO++ / MiCS only as `zero_variants` lists them (multi-node clusters)"
+    if plan.precision not in _precisions(precision):
+        return f"the planner scored {', '.join(_precisions(precision))} plans only"
+    return None

@@ -250,3 +250,19 @@ def test_several_precisions_are_enumerated_together():
     two = enumerate_plans(TINY, cluster, workload, max_micro_batch=4, precision=("bf16", "fp32"))
     assert len(two.plans) == 2 * len(one.plans) and two.candidates == 2 * one.candidates
     assert set(two.plans.precision.tolist()) == {PRECISION_CODES.index("bf16"), PRECISION_CODES.index("fp32")}
+
+
+def test_outside_space_names_the_choice_the_enumeration_does_not_try():
+    from service.plans.enumerate import outside_space
+
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    assert outside_space(Plan(dp=32, zero_stage=3), cluster) is None
+    assert "engines deepspeed" in outside_space(Plan(dp=32, zero_stage=3, engine="fsdp"), cluster)
+    assert "micro_batch in" in outside_space(Plan(dp=32, micro_batch=3), cluster)
+    assert "cp up to 16" in outside_space(Plan(dp=1, cp=32), cluster)
+    assert "virtual_stages in" in outside_space(
+        Plan(dp=4, pp=8, virtual_stages=6, engine="megatron"), cluster, ["megatron"]
+    )
+    assert "zero_variants" in outside_space(Plan(dp=32, zero_stage=3, zero_hpz_partition_size=4), cluster)
+    assert outside_space(Plan(dp=32, zero_stage=3, zero_hpz_partition_size=8), cluster) is None
+    assert "bf16 plans only" in outside_space(Plan(dp=32, precision="fp8"), cluster)
