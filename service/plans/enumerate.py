@@ -98,20 +98,14 @@ def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Seque
 
 def zero_variants(gpus_per_node: int, num_gpus: int) -> list[tuple[int, int, bool, bool]]:
     """(hpZ size, MiCS shard, qwZ, qgZ) tried on DeepSpeed ZeRO-3 plans besides plain ZeRO-3: hpZ in a
-    node, ZeRO++'s full recipe (hpZ + qwZ + qgZ), quantized collectives alone, and MiCS sharding in one
-    node and in two. None on a single node: hpZ and MiCS groups of a node are then plain ZeRO-3, and
-    ZeRO++ and MiCS target the cross-node links (Wang et al. 2023 §1; Zhang et al. 2022 §1); the
-    quantization kernels' own time is not modelled, so they would look free over NVLink."""
+    node, ZeRO++'s full recipe (hpZ + qwZ + qgZ) and quantized collectives alone (no MiCS: DeepSpeed
+    0.19.8 has none). None on a single node: an hpZ group of a node is then plain ZeRO-3, and ZeRO++
+    targets the cross-node links (Wang et al. 2023 §1); the quantization kernels' own time is not
+    modelled, so they would look free over NVLink."""
     n = gpus_per_node
     if num_gpus <= n:
         return []
-    return [
-        (n, 0, False, False),
-        (n, 0, True, True),
-        (1, 0, True, True),
-        (1, n, False, False),
-        (1, 2 * n, False, False),
-    ]
+    return [(n, 0, False, False), (n, 0, True, True), (1, 0, True, True)]
 
 
 def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int) -> PlanTable:

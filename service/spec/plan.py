@@ -88,7 +88,8 @@ class Plan(BaseModel):
         0,
         ge=0,
         description="MiCS: shard model states within groups of this many ranks, replicated across groups; "
-        "0 = off (DeepSpeed ZeRO-3 only; Zhang et al. 2022, MiCS, arXiv 2205.00119).",
+        "0 = off (DeepSpeed ZeRO-3; Zhang et al. 2022, arXiv 2205.00119). Priced, not enumerated: DeepSpeed "
+        "0.19.8, which the service runs, removed MiCS, so proxies refuse it (train/proxy_scale.py).",
     )
     zero_quantized_weights: bool = Field(
         False, description="ZeRO++ qwZ: int8 weights in the ZeRO-3 all-gathers (DeepSpeed only)."
