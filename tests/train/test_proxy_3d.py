@@ -35,6 +35,8 @@ PLANS = {
         precision="fp32",
     ),
     "cp2": Plan(dp=1, cp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
+    # tp·cp = 4 > 2 KV heads: the Ulysses attention repeats the rank's one KV head
+    "cp2-tp2": Plan(dp=1, cp=2, tp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
     # ZeRO++ hpZ: each rank also keeps a secondary partition of its group's parameters (Ψ/2 here)
     "z3-hpz2": Plan(
         dp=4, zero_stage=3, zero_hpz_partition_size=2, micro_batch=2, grad_accum=2, precision="fp32"
@@ -86,7 +88,7 @@ def test_tp_pp_and_sp_compute_the_same_model(trial):
     """Same seed, same data (dp = 1): splitting the layers, the stages or the sequence (Megatron SP, or
     Ulysses CP with its chunked loss) changes only the order of floating-point sums."""
     reference = trial("tp2-pp2").losses
-    for name in ("tp2-sp", "tp2-pp2-sp-full", "cp2"):
+    for name in ("tp2-sp", "tp2-pp2-sp-full", "cp2", "cp2-tp2"):
         assert trial(name).losses == pytest.approx(reference, abs=1e-5)
 
 
