@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 STEPS = 3
 PLANS = {
+    "tp2": Plan(dp=1, tp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
     "tp2-pp2": Plan(dp=1, tp=2, pp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"),
     "tp2-sp": Plan(
         dp=1, tp=2, sequence_parallel=True, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32"
@@ -88,13 +89,16 @@ def test_tp_pp_and_sp_compute_the_same_model(trial):
     """Same seed, same data (dp = 1): splitting the layers, the stages or the sequence (Megatron SP, or
     Ulysses CP with its chunked loss) changes only the order of floating-point sums."""
     reference = trial("tp2-pp2").losses
-    for name in ("tp2-sp", "tp2-pp2-sp-full", "cp2", "cp2-tp2"):
+    for name in ("tp2", "tp2-sp", "tp2-pp2-sp-full", "cp2", "cp2-tp2"):
         assert trial(name).losses == pytest.approx(reference, abs=1e-5)
 
 
 def test_sequence_parallelism_cuts_saved_activations(trial):
-    """SP splits the norms' and the block inputs' activations over tp (Korthikanti et al. 2022 §4.2.2),
-    so a tp2+SP stage saves less than tp2 alone."""
+    """SP splits what the norms save and the block inputs over tp (Korthikanti et al. 2022 §4.2.2): the
+    tiny model's norms hold about 30 % of a tp2 layer's saved bytes, so SP saves about a fifth
+    (measured -23 %, the model -21 %); with full recompute only the split block inputs remain."""
+    tp2 = trial("tp2").measured["activation_bytes_per_rank"]
+    assert trial("tp2-sp").measured["activation_bytes_per_rank"] < 0.85 * tp2
     tp2_pp2 = trial("tp2-pp2").measured["activation_bytes_per_rank"]
     assert trial("tp2-pp2-sp-full").measured["activation_bytes_per_rank"] < 0.5 * tp2_pp2
 
