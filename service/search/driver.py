@@ -33,6 +33,7 @@ from service.train.ray_session import ensure_ray
 
 STATE_FILE = "search_state.json"
 RESULTS_ENV = "SERVICE_SEARCH_DIR"  # where searches are kept when no storage_path is given
+FORCE_TRIAL_CLEANUP_S = 30
 
 
 @contextmanager
@@ -228,7 +229,14 @@ class Search:
             return self._all_pruned(pr)
         started = ensure_ray(driver_cpus(self.experiment.proxy.num_workers))
         try:
-            with _env(TUNE_DISABLE_STRICT_METRIC_CHECKING="1", TUNE_GLOBAL_CHECKPOINT_S="2"):
+            # A trial Tune stops (ASHA, a hang, an error) and whose actor does not exit gracefully is
+            # killed after TUNE_FORCE_TRIAL_CLEANUP_S: Tune's 600 s would hold its workers' resources
+            # and keep the next trial pending that long.
+            with _env(
+                TUNE_DISABLE_STRICT_METRIC_CHECKING="1",
+                TUNE_GLOBAL_CHECKPOINT_S="2",
+                TUNE_FORCE_TRIAL_CLEANUP_S=str(FORCE_TRIAL_CLEANUP_S),
+            ):
                 grid = self._tuner(pr).fit()
         finally:
             if started:

@@ -142,6 +142,21 @@ def placement_group_created(creator_actor_id: str) -> bool:
     )
 
 
+def remove_placement_groups_of(creator_actor_id: str) -> int:
+    """Removes the live placement groups the actor `creator_actor_id` (hex) made, which kills the
+    actors placed in them; returns how many."""
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    table_data, groups = _placement_groups()
+    removed = 0
+    for info in groups:
+        if ray.ActorID(info.creator_actor_id).hex() == creator_actor_id and info.state != table_data.REMOVED:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(info.placement_group_id)))
+            removed += 1
+    return removed
+
+
 def remove_orphaned_placement_groups() -> int:
     """Removes this job's placement groups whose creating actor is dead; returns how many."""
     import ray

@@ -115,6 +115,16 @@ def _events(run_dir: Path, since: float) -> list[dict[str, Any]]:
     return found
 
 
+def release_workers(run_dir: Path, since: float) -> int:
+    """Removes the placement groups of this attempt's Train controllers (their workers die with them):
+    a run the trial gives up on (hang, unschedulable) frees its CPUs/GPUs now, not when Tune has
+    finished stopping the trial's actor (which can take up to TUNE_FORCE_TRIAL_CLEANUP_S)."""
+    from service.search.stopping import remove_placement_groups_of
+
+    controllers = {str(e["controller"]) for e in _events(run_dir, since) if e.get("event") == REQUESTED_EVENT}
+    return sum(remove_placement_groups_of(c) for c in controllers)
+
+
 def workers_placed(run_dir: Path, since: float) -> bool:
     """Whether this attempt's workers have their resources: the controller's placement group is
     created (asked of the GCS), or the workers already started."""
@@ -177,6 +187,17 @@ def unschedulable_reason(trainer: Any, pending_timeout_s: float, extra: dict[str
     )
 
 
+def _give_up(run_dir: Path | None, started: float, log_path: Path) -> None:
+    if run_dir is None:
+        return
+    try:
+        released = release_workers(run_dir, started)
+    except Exception as err:  # the sweeper removes them once the trial's actor is gone
+        _log(log_path, f"could not release the run's workers: {type(err).__name__}: {err}")
+    else:
+        _log(log_path, f"released {released} placement group(s) of the abandoned run")
+
+
 def _fit(
     trainer: Any,
     timeout_s: float,
@@ -215,8 +236,10 @@ def _fit(
         if placed is None and run_dir is not None and workers_placed(run_dir, started):
             placed = now
         if placed is None and now - started > pending_timeout_s:
+            _give_up(run_dir, started, log_path)
             return "unschedulable", unschedulable_reason(trainer, pending_timeout_s, extra)
         if placed is not None and now - placed > timeout_s and thread.is_alive():
+            _give_up(run_dir, started, log_path)
             return "hang", f"hang: the trial did not finish within {timeout_s:g} s"
     if "error" in outcome:
         _log(log_path, f"the run raised:\n{outcome['trace']}")

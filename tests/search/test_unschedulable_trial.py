@@ -55,9 +55,11 @@ def test_a_trial_that_cannot_be_placed_is_unschedulable_and_the_search_goes_on(
 
     run_dir = Path(result.path) / "proxy_runs" / f"trial-{stuck.trial_id}"
     events = [json.loads(line) for line in (run_dir / "proxy_log.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["workers_requested", "unschedulable"]
+    # Ray Train asks again once the trial removed its pending group; no worker ever logged a step.
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "workers_requested" and set(kinds) == {"workers_requested", "unschedulable"}
     assert events[0]["resources_per_worker"] == {"CPU": 1, "unobtainium": 1.0} and events[0]["controller"]
-    assert events[1]["reason"] == stuck.reason
+    assert next(e for e in events if e["event"] == "unschedulable")["reason"] == stuck.reason
     ran_dir = Path(result.path) / "proxy_runs" / f"trial-{ran.trial_id}"
     ran_events = [
         json.loads(line)["event"] for line in (ran_dir / "proxy_log.jsonl").read_text().splitlines()
