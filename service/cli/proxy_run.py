@@ -19,7 +19,7 @@ from service.spec.plan import Plan
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help="experiment YAML (its proxy section sets the scale)")
-    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel degree (AutoTP)")
+    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
     parser.add_argument("--pp", type=int, required=True, help="pipeline stages")
     parser.add_argument("--zero", type=int, required=True, choices=(0, 1, 2, 3), help="ZeRO stage")
     parser.add_argument("--offload-optimizer", action="store_true", help="optimizer states and step on CPU")

@@ -68,8 +68,9 @@ def stage_params_per_gpu(model: ModelSpec, tp: Num, pp: Num) -> tuple[np.ndarray
 
     Layers split evenly (pp divides num_layers). The first stage also holds the input embedding, the
     last the final norm and the output projection (a copy of the embedding when tied and pp > 1, as
-    DeepSpeed's TiedLayerSpec keeps one on each end). DeepSpeed AutoTP splits the output projection by
-    tp but keeps the input embedding whole on every TP rank (measured on the proxy, tests/train).
+    DeepSpeed's TiedLayerSpec keeps one on each end). Tensor parallelism
+    (service/train/tensor_parallel.py) splits the output projection by tp but keeps the input embedding
+    whole on every TP rank (measured on the proxy, tests/train).
     """
     vocab = model.vocab_size * model.hidden_size
     layers = layer_params_per_gpu(model, tp) * (model.num_layers / pp)
@@ -129,7 +130,7 @@ def activation_bytes_per_token_per_layer(
         fp32 log-sum-exp per head (4a); rope's multiplies by cos/sin save only cos/sin;
       - MLP (swiglu): gate, silu(gate), up and their product, 4·d·f.
     Measured on the tiny proxy (fp32 and bf16, tests/train) within 0.4 % of this count.
-    Tensor parallelism (DeepSpeed AutoTP, Megatron-style splits) divides everything after the first
+    Tensor parallelism (Megatron-style splits) divides everything after the first
     matmul of each sub-block by tp; norm tensors stay whole on every rank unless sequence parallelism
     splits them too (Korthikanti §4.2.2).
     Recompute 1 (selective): each block's attention sub-block is checkpointed (Korthikanti's selective
@@ -170,7 +171,7 @@ def recompute_peak_bytes_per_token(
 def logits_bytes_per_token(model: ModelSpec, d: Num, seq_len: int) -> Num:
     """Bytes saved for backward by the output layer and loss, per token on the last stage: the final
     RMSNorm with its output, which is the output projection's input ((4 + 2d)·h), and the fp32
-    log-softmax cross-entropy keeps over the s − 1 shifted positions (4·V·(s−1)/s). DeepSpeed AutoTP
+    log-softmax cross-entropy keeps over the s − 1 shifted positions (4·V·(s−1)/s). Tensor parallelism
     splits the output projection but gathers its logits, so the loss is whole on every TP rank."""
     return (FP32 + 2 * d) * model.hidden_size + FP32 * model.vocab_size * (seq_len - 1) / seq_len
 

@@ -2,7 +2,7 @@
 
 The DeepSpeed config comes from the proxies' own builder (service/train/ds_config.py), so production
 runs exactly the layout the proxies ran, at full scale: the plan's precision, ZeRO stage, offload,
-batch split and AutoTP degree; communication overlap on (the cost model hides DP communication
+batch split and tensor-parallel degree; communication overlap on (the cost model hides DP communication
 behind compute, which DeepSpeed only does with `overlap_comm`).
 """
 

@@ -41,7 +41,8 @@ IDENTIFIES_CPU = [
     "model-state bytes per rank for each ZeRO stage and offload (DeepSpeed's own tensors, counted)",
     "saved-activation bytes per token per layer, with and without recompute (fits activation_memory_scale)",
     "pipeline micro-batches in flight, logits and loss buffers",
-    "that DeepSpeed builds and steps each layout (tp via AutoTP, pp via PipelineModule, offload)",
+    "that DeepSpeed builds and steps each layout (Megatron-style tp and sequence parallelism, Ulysses cp, "
+    "pp via PipelineModule, offload, hpZ)",
 ]
 CANNOT_IDENTIFY_CPU = [
     "GPU time terms: GEMM and flash-attention efficiency, NVLink / InfiniBand bus efficiency, collective "
@@ -49,7 +50,6 @@ CANNOT_IDENTIFY_CPU = [
     "inter-node effects and anything that appears only beyond one node",
     "CUDA framework overhead and allocator fragmentation (taken from the GPU catalog)",
     "flash-attention's kernel workspace at production sequence length (CPU SDPA, shorter sequences)",
-    "sequence parallelism's activation saving (the proxies' AutoTP runs without it)",
 ]
 IDENTIFIES_GPU = [
     *IDENTIFIES_CPU,
@@ -137,31 +137,48 @@ def design_proxy(
 
 
 def proxy_plan_for(plan: Plan, experiment: ExperimentSpec) -> Plan:
-    """`plan` at proxy scale: tp and pp as far as the proxy's workers and layers allow, dp fills the rest.
+    """`plan` at proxy scale: tp, cp and pp as far as the proxy's workers and layers allow, dp fills the rest.
 
     grad_accum is capped (2 without a pipeline, 4 with one) to keep trials short: activations peak per
-    micro-batch without a pipeline, and a pipeline needs at least pp micro-batches in flight.
+    micro-batch without a pipeline, and a pipeline needs at least pp micro-batches in flight. The proxy's
+    Ulysses attention runs without a pipeline and without sequence parallelism
+    (service/train/context_parallel.py), so a cp plan keeps its cp and drops those two. ZeRO++ keeps hpZ
+    (its group shrunk to divide dp); MiCS (gone from DeepSpeed 0.19.8) and, on CPU, the quantized
+    weights/gradients (no CPU kernel) cannot run and are dropped: the memo's proxy row shows the plan
+    that ran.
     """
     proxy, model = experiment.proxy, experiment.model
     workers = proxy.num_workers
-    tp = max(
-        d
-        for d in range(1, min(plan.tp, workers) + 1)
-        if workers % d == 0 and model.num_attention_heads % d == 0
+
+    def largest(limit: int, ok: Callable[[int], bool]) -> int:
+        return max(d for d in range(1, max(limit, 1) + 1) if ok(d))
+
+    tp = largest(min(plan.tp, workers), lambda d: workers % d == 0 and model.num_attention_heads % d == 0)
+    heads = model.num_attention_heads // tp
+    seq = proxy.seq_len or experiment.workload.seq_len
+    cp = largest(
+        min(plan.cp, workers // tp), lambda d: (workers // tp) % d == 0 and heads % d == 0 and seq % d == 0
     )
-    pp_max = min(plan.pp, workers // tp, proxy.num_layers)
-    pp = max(d for d in range(1, pp_max + 1) if (workers // tp) % d == 0 and proxy.num_layers % d == 0)
+    pp_max = 1 if cp > 1 else min(plan.pp, workers // tp, proxy.num_layers)
+    pp = largest(pp_max, lambda d: (workers // tp) % d == 0 and proxy.num_layers % d == 0)
+    dp = workers // (tp * pp * cp)
     grad_accum = min(plan.grad_accum, 2) if pp == 1 else min(max(plan.grad_accum, pp), 4)
-    return plan.model_copy(
-        update={
-            "tp": tp,
-            "pp": pp,
-            "dp": workers // (tp * pp),
-            "grad_accum": grad_accum,
-            "sequence_parallel": False,  # the proxy's AutoTP has no sequence parallelism
-            "precision": proxy.precision if proxy.device == "cpu" else plan.precision,
-        }
+    on_cpu = proxy.device == "cpu"
+    fields = plan.model_dump()
+    fields.update(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        grad_accum=grad_accum,
+        sequence_parallel=plan.sequence_parallel and tp > 1 and cp == 1,
+        precision=proxy.precision if on_cpu else plan.precision,
+        zero_hpz_partition_size=largest(min(plan.zero_hpz_partition_size, dp), lambda d: dp % d == 0),
+        mics_shard_size=0,
+        zero_quantized_weights=plan.zero_quantized_weights and not on_cpu,
+        zero_quantized_gradients=plan.zero_quantized_gradients and not on_cpu,
     )
+    return Plan(**fields)  # validated: a proxy plan DeepSpeed cannot run fails here, naming the field
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dp: int = Field(1, gt=0, description="Data-parallel degree (replicas).")
-    tp: int = Field(1, gt=0, description="Tensor-parallel degree (Megatron / DeepSpeed AutoTP).")
+    tp: int = Field(1, gt=0, description="Tensor-parallel degree (Megatron-style layers).")
     pp: int = Field(1, gt=0, description="Pipeline-parallel stages.")
     cp: int = Field(
         1,
@@ -201,7 +201,8 @@ def _deepspeed_problem(plan: Plan) -> tuple[str, str] | None:
         # DeepSpeed's PipelineEngine asserts ZeRO stage < 2 (deepspeed/runtime/pipe/engine.py).
         return "zero_stage", "pipeline parallelism (pp > 1) supports zero_stage 0 or 1 only"
     if plan.tp > 1 and plan.zero_stage == 3:
-        # AutoTP training composes with ZeRO 0-2 (DeepSpeed AutoTP training tutorial).
+        # The service's TP runs with ZeRO 0-2 (as DeepSpeed's AutoTP training tutorial states for AutoTP);
+        # ZeRO-3 would re-shard the already tensor-split weights, which the proxies do not run.
         return "zero_stage", "tensor parallelism (tp > 1) supports zero_stage 0, 1 or 2 only"
     # tp > 1 with pp > 1 runs as Megatron-DeepSpeed runs it: Megatron tensor-parallel layers inside
     # DeepSpeed's PipelineModule, laid out by PipeModelDataParallelTopology (deepspeed/runtime/pipe/

@@ -36,10 +36,32 @@ def test_proxy_plan_keeps_the_structure_on_two_workers() -> None:
     proxy = proxy_plan_for(plan, exp)
     assert (proxy.dp, proxy.tp, proxy.pp) == (1, 2, 1)  # tp kept on the 2 workers
     assert (proxy.zero_stage, proxy.micro_batch, proxy.recompute) == (1, 2, "full")
-    assert proxy.grad_accum == 2 and not proxy.sequence_parallel and proxy.precision == "fp32"
+    assert proxy.grad_accum == 2 and proxy.sequence_parallel and proxy.precision == "fp32"  # SP runs
     pp = proxy_plan_for(Plan(dp=16, pp=2, zero_stage=1, micro_batch=1, grad_accum=8), exp)
     assert (pp.dp, pp.tp, pp.pp, pp.grad_accum) == (1, 1, 2, 4)
     assert proxy_plan_problem(exp, pp) is None
+
+
+def test_proxy_plan_keeps_cp_and_hpz_and_drops_what_cannot_run_on_cpu() -> None:
+    exp, _ = design_proxy(EXPERIMENT, "cpu")
+    cp = proxy_plan_for(Plan(dp=8, tp=2, pp=2, cp=2, zero_stage=1, micro_batch=1, grad_accum=32), exp)
+    # 2 workers: tp 2 first, so no room for cp; the pipeline is dropped with it
+    assert (cp.dp, cp.tp, cp.pp, cp.cp) == (1, 2, 1, 1)
+    ulysses = proxy_plan_for(Plan(dp=16, cp=2, zero_stage=3, micro_batch=1, grad_accum=4), exp)
+    assert (ulysses.dp, ulysses.cp, ulysses.pp) == (1, 2, 1) and proxy_plan_problem(exp, ulysses) is None
+    zpp = Plan(
+        dp=32,
+        zero_stage=3,
+        zero_hpz_partition_size=8,
+        zero_quantized_weights=True,
+        zero_quantized_gradients=True,
+        micro_batch=1,
+        grad_accum=4,
+    )
+    proxy = proxy_plan_for(zpp, exp)
+    assert (proxy.dp, proxy.zero_hpz_partition_size) == (2, 2)
+    assert not (proxy.zero_quantized_weights or proxy.zero_quantized_gradients)  # no CPU quantizer kernel
+    assert proxy_plan_problem(exp, proxy) is None
 
 
 def test_choice_covers_the_families_with_distinct_runnable_proxies() -> None:
