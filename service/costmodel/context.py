@@ -85,6 +85,24 @@ def ring_exposed_per_layer_s(
     return (cp - 1) * np.maximum(0.0, one_pass - attention_s / cp)
 
 
+def ulysses_saved_bytes_per_token_per_layer(model: ModelSpec, tp: Num, cp: Num, engine: Num, d: Num) -> Num:
+    """Bytes per local token per layer that Ulysses attention saves for backward beyond the unsplit
+    block (`service.costmodel.memory.activation_bytes_per_token_per_layer`), on one TP rank.
+
+    DeepSpeed's `_SeqAllToAll` (deepspeed/sequence/layer.py, 0.19.8) saves no tensor, but its output
+    all-to-all returns a new tensor, the o_proj input (d·h/t), while the attention kernel keeps its own
+    output in the head layout: without cp the two share storage, with cp both are saved. And the
+    all-to-all needs at least one KV head per rank (`_resolve_kv_heads` asserts it), so when the
+    rank's kv/t heads are fewer than cp they are repeated up to cp (as Megatron repeats KV heads when
+    t exceeds the groups; the proxy's `_repeat_kv_heads`), and attention saves k and v of the
+    repeated heads: 2·d·(cp − kv/t)·head_dim more. Ring attention (megatron, fsdp) adds neither.
+    """
+    kv_per_rank = model.kv_heads / tp
+    repeated = np.maximum(kv_per_rank, cp) - kv_per_rank
+    extra = d * (model.hidden_size / tp + 2 * repeated * model.head_dim)
+    return np.where((cp > 1) & ~is_ring(engine), extra, 0.0)
+
+
 def buffer_bytes(model: ModelSpec, tokens: Num, tp: Num, cp: Num, engine: Num, d: Num) -> Num:
     """Transient device memory of the split: Ulysses' all-to-all output of q, k, v and o (the size of
     its input); ring attention's two K/V receive buffers (double-buffered passes)."""

@@ -84,14 +84,20 @@ def _memory(
     recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
         model, p.tp, p.sequence_parallel, p.recompute, d, s
     )
+    # Ulysses' extra saved tensors belong to the attention sub-block: selective and full recompute do
+    # not keep them; full recompute re-creates them with the block in backward.
+    ulysses = context.ulysses_saved_bytes_per_token_per_layer(model, p.tp, p.cp, p.engine, d)
+    per_layer = per_layer + np.where(p.recompute == 0, ulysses, 0.0)
+    recompute_peak = recompute_peak + tokens * np.where(p.recompute == 2, ulysses, 0.0)
     in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum, p.virtual_stages)
     pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
+    logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, p.sequence_parallel)
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp)
     stages = []
     for psi, micro_batches, is_last in ((first_psi, in_flight, p.pp == 1), (last_psi, 1, True)):
         params, grads, optimizer, cpu = _model_states(model, p, psi)
-        logits = np.where(is_last, tokens * mem.logits_bytes_per_token(model, d, s), 0.0)
+        logits = np.where(is_last, tokens * logits_per_token, 0.0)
         transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, d), 0.0)
         buffers = pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)

@@ -168,12 +168,18 @@ def recompute_peak_bytes_per_token(
     return np.where(recompute == 2, block, 0.0)
 
 
-def logits_bytes_per_token(model: ModelSpec, d: Num, seq_len: int) -> Num:
+def logits_bytes_per_token(
+    model: ModelSpec, d: Num, seq_len: int, tp: Num = 1, sequence_parallel: Num = False
+) -> Num:
     """Bytes saved for backward by the output layer and loss, per token on the last stage: the final
     RMSNorm with its output, which is the output projection's input ((4 + 2d)·h), and the fp32
     log-softmax cross-entropy keeps over the s − 1 shifted positions (4·V·(s−1)/s). Tensor parallelism
-    splits the output projection but gathers its logits, so the loss is whole on every TP rank."""
-    return (FP32 + 2 * d) * model.hidden_size + FP32 * model.vocab_size * (seq_len - 1) / seq_len
+    splits the output projection but gathers its logits, so the loss is whole on every TP rank.
+    With sequence parallelism the final norm runs on the rank's s/t chunk and the output projection
+    saves only that chunk (Megatron's `LinearWithGradAccumulationAndAsyncCommunication`, the proxy's
+    `_SequenceGatherLinear`), so the (4 + 2d)·h part is divided by t (Korthikanti et al. 2022 §4.2.2)."""
+    norm = (FP32 + 2 * d) * model.hidden_size / np.where(sequence_parallel, tp, 1)
+    return norm + FP32 * model.vocab_size * (seq_len - 1) / seq_len
 
 
 def logits_transient_bytes_per_token(model: ModelSpec, d: Num) -> Num:

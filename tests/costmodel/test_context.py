@@ -14,9 +14,13 @@ PRIOR = ModelParams()
 CLUSTER = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
 
 
-def _estimate(cp: int, engine: str = "deepspeed", seq: int = 32768, dp: int | None = None, **kw):
+def _estimate(
+    cp: int, engine: str = "deepspeed", seq: int = 32768, dp: int | None = None, recompute: str = "full", **kw
+):
     dp = dp or 64 // (8 * 2 * cp)
-    plan = Plan(dp=dp, tp=8, pp=2, cp=cp, zero_stage=1, grad_accum=16, recompute="full", engine=engine, **kw)
+    plan = Plan(
+        dp=dp, tp=8, pp=2, cp=cp, zero_stage=1, grad_accum=16, recompute=recompute, engine=engine, **kw
+    )
     workload = Workload(seq_len=seq, global_batch_sequences=16 * dp, tokens_to_train=1e9)
     return estimate(LLAMA3_70B, CLUSTER, plan, workload, params=PRIOR)
 
@@ -78,3 +82,34 @@ def test_ring_passes_hide_behind_attention_on_long_sequences():
     kv_bytes = 1024 * 2 * 8 * 128 / 8 * 2
     assert float(t) == pytest.approx(3 * float(comm.p2p_time_s(kv_bytes, True, H100, comm.PRIOR)))
     assert np.all(context.is_ring(np.array([0, 1, 2])) == [False, True, True])  # deepspeed, fsdp, megatron
+
+
+def test_ulysses_saves_the_o_proj_input_and_repeated_kv_heads():
+    """experiments/tiny-cpu.yaml's model in fp32 (h 128, 2 KV heads of 32): Ulysses' output all-to-all
+    makes o_proj's input a tensor of its own (d·h/t); at tp·cp 4 > 2 KV heads each rank's one KV head
+    is repeated to cp = 2, so k and v save one head more each (2·d·32). Ring attention and cp 1 add none."""
+    from service.spec import load_experiment
+
+    model = load_experiment("experiments/tiny-cpu.yaml").model
+    d = 4
+
+    def extra(tp: int, cp: int, engine: int = 0) -> float:
+        return float(context.ulysses_saved_bytes_per_token_per_layer(model, tp, cp, engine, d))
+
+    assert extra(1, 2) == d * 128 == 512
+    assert extra(2, 2) == d * 128 / 2 + 2 * d * 32 == 512
+    assert extra(1, 1) == extra(2, 1) == 0.0
+    assert extra(2, 2, engine=2) == 0.0  # ring (megatron)
+
+
+def test_ulysses_terms_leave_with_the_attention_sub_block():
+    """The extra tensors are the attention sub-block's: selective recompute drops them with it; full
+    recompute keeps only block inputs, whatever the cp style."""
+    deepspeed = _estimate(2, dp=2, seq=4096, recompute="none").memory_per_gpu_bytes.activations
+    megatron = _estimate(2, dp=2, seq=4096, engine="megatron", recompute="none").memory_per_gpu_bytes
+    assert deepspeed > megatron.activations
+    sel = [
+        _estimate(2, dp=2, seq=4096, engine=e, recompute="selective").memory_per_gpu_bytes.activations
+        for e in ("deepspeed", "megatron")
+    ]
+    assert sel[0] == sel[1]

@@ -196,3 +196,13 @@ def test_flash_attention_drops_the_score_terms():
         *args, np.array(1), np.array(2), seq_len=2048, flash=False
     )
     assert flash_none == pytest.approx(selective)
+
+
+def test_sequence_parallelism_splits_the_final_norm():
+    """Under SP the final norm and the output projection's saved input are the rank's s/t chunk:
+    (4 + 2d)·h/t; the gathered logits' loss stays whole. Without SP tp changes nothing."""
+    h, v, d, s = TINY.hidden_size, TINY.vocab_size, 2, 64
+    loss = 4 * v * (s - 1) / s
+    assert mem.logits_bytes_per_token(TINY, d, s) == pytest.approx((4 + 2 * d) * h + loss)
+    assert mem.logits_bytes_per_token(TINY, d, s, 4, False) == pytest.approx((4 + 2 * d) * h + loss)
+    assert mem.logits_bytes_per_token(TINY, d, s, 4, True) == pytest.approx((4 + 2 * d) * h / 4 + loss)
