@@ -20,12 +20,14 @@ def _free_local_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def ensure_ray(num_cpus: int) -> bool:
+def ensure_ray(num_cpus: int, num_gpus: int | None = None) -> bool:
     """Connects to or starts Ray unless this process already has; True when this call did (the
     caller then owns the session and shuts it down).
 
     Args:
         num_cpus: logical CPUs of a local Ray (ignored when connecting to RAY_ADDRESS).
+        num_gpus: GPU resources of a local Ray (default: what Ray detects). Tests declare GPUs with
+            no device behind them, as Ray's fake multinode provider does, to exercise the CPU fallback.
     """
     import ray
 
@@ -42,6 +44,7 @@ def ensure_ray(num_cpus: int) -> bool:
         # search's own PlacementGroupSweeper does without it (see search/stopping.py).
         ray.init(
             num_cpus=num_cpus,
+            num_gpus=num_gpus,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             log_to_driver=False,

@@ -59,6 +59,9 @@ class ProxyResult(BaseModel):
     precision: str = Field("", description="What the proxy computed in (a CPU proxy: proxy.precision).")
     ds_config: dict[str, Any] = Field(default_factory=dict)
     run_dir: str = ""
+    device_fallback: str = Field(
+        "", description="Why the workers ran on CPU/gloo although a GPU was asked for; empty if they did not."
+    )
     submit_to_first_step_s: float | None = Field(None, description="From fit() to the first step's end.")
     wall_s: float = 0.0
 
@@ -198,7 +201,8 @@ def run_proxy(
 def _result_from_log(run_dir: Path, fit_start: float) -> ProxyResult:
     """Losses, restarts and the last step's measurements, from rank 0's step log."""
     records, restarts = read_log(run_dir)
-    measured, predicted = _summaries(records[-1].get("metrics", {}) if records else {})
+    last = records[-1].get("metrics", {}) if records else {}
+    measured, predicted = _summaries(last)  # device_fallback, a string, has no summary prefix
     return ProxyResult(
         status="ok",
         plan=None,
@@ -207,5 +211,6 @@ def _result_from_log(run_dir: Path, fit_start: float) -> ProxyResult:
         measured=measured,
         predicted=predicted,
         run_dir=str(run_dir),
+        device_fallback=str(last.get("device_fallback", "")),
         submit_to_first_step_s=(records[0]["time"] - fit_start) if records else None,
     )

@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -69,6 +71,45 @@ def _prediction_or_empty(experiment: ExperimentSpec, plan: Plan) -> dict[str, fl
 CONTROLLER_POLL_INTERVAL_S = 0.1
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@functools.cache
+def _device_aware_config_class() -> Any:
+    """`TorchConfig` whose backend asks the workers (see `device_aware_torch_config`); made once."""
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import _TorchBackend
+
+    class _DeviceAwareBackend(_TorchBackend):  # type: ignore[misc]
+        def on_start(self, worker_group: Any, backend_config: Any) -> None:
+            backend = "nccl" if all(worker_group.execute(_cuda_available)) else "gloo"
+            super().on_start(worker_group, dataclasses.replace(backend_config, backend=backend))
+
+    @dataclasses.dataclass
+    class DeviceAwareTorchConfig(TorchConfig):  # type: ignore[misc]
+        @property
+        def backend_cls(self) -> Any:
+            return _DeviceAwareBackend
+
+    return DeviceAwareTorchConfig
+
+
+def device_aware_torch_config(timeout_s: int) -> Any:
+    """A `TorchConfig` for GPU workers whose process group is nccl only when every worker has CUDA.
+
+    Ray Train makes the process group before the worker code runs (`_TorchBackend.on_start` in
+    ray/train/torch/config.py, Ray 2.60), with nccl when the workers hold GPU resources. A GPU
+    resource with no CUDA device behind it (Ray's fake multinode provider) would fail there, before
+    the worker could fall back to CPU. The driver cannot tell (its node may have no GPU while the
+    workers' do), so the backend asks each worker for `torch.cuda.is_available()` first, and uses
+    gloo unless all say yes; the worker then runs on CPU (`worker.pick_device`) and reports why.
+    """
+    return _device_aware_config_class()(backend="nccl", timeout_s=timeout_s)
+
+
 def build_trainer(
     experiment: ExperimentSpec,
     plan: Plan,
@@ -111,13 +152,13 @@ def build_trainer(
         stall=stall,
     )
     use_gpu = experiment.proxy.device == "cuda"
+    timeout_s = max(1, math.ceil(experiment.proxy.collective_timeout_s))
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=config.model_dump(mode="json"),
-        torch_config=TorchConfig(
-            backend="nccl" if use_gpu else "gloo",
-            timeout_s=max(1, math.ceil(experiment.proxy.collective_timeout_s)),
-        ),
+        torch_config=device_aware_torch_config(timeout_s)
+        if use_gpu
+        else TorchConfig("gloo", timeout_s=timeout_s),
         scaling_config=ScalingConfig(
             num_workers=plan.num_gpus, use_gpu=use_gpu, resources_per_worker={"CPU": 1}
         ),

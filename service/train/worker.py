@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -50,8 +51,11 @@ class WorkerConfig(BaseModel):
     stall: dict[str, float] | None = None  # test hook: {"rank", "step", "seconds"}, see `_maybe_stall`
 
 
-# A reporter takes (metrics, checkpoint directory or None) and returns nothing.
-Reporter = Callable[[dict[str, float], str | None], None]
+# A reporter takes (metrics, checkpoint directory or None) and returns nothing. Metrics are floats,
+# plus `device_fallback` (a string) when the worker ran on CPU although a GPU was asked for.
+Reporter = Callable[[dict[str, Any], str | None], None]
+GPU_FALLBACK = "GPU resource without a CUDA device: ran on CPU/gloo"
+GLOO_FALLBACK = "process group is gloo (not every worker has a CUDA device): ran on CPU/gloo"
 
 
 def apply_collective_timeout(timeout_s: float) -> None:
@@ -99,12 +103,59 @@ def seed_everything(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def _device(proxy: ProxySpec) -> torch.device:
-    if proxy.device == "cuda":
+class DeviceChoice(NamedTuple):
+    """Where a worker computes and which collective backend it uses."""
+
+    device: str  # "cuda" or "cpu"
+    backend: str  # "nccl" or "gloo"
+    fallback: str = ""  # why a GPU was asked for and not used; empty when none was, or it was used
+
+
+def choose_device(requested: str, gpu_ids: Sequence[object], cuda_available: bool) -> DeviceChoice:
+    """cuda + nccl when the experiment asks for cuda and CUDA is there; cpu + gloo otherwise.
+
+    A GPU was asked for when the experiment says `device: cuda` or Ray assigned this worker GPU ids
+    (`ray.get_gpu_ids()`). Without CUDA behind it (Ray's fake multinode provider declares GPUs that
+    no device backs) the worker runs on CPU and gloo and says why in `fallback`. A CPU experiment
+    given a GPU resource on a CUDA machine still runs on CPU: that is what it asked for.
+    """
+    if requested == "cuda" and cuda_available:
+        return DeviceChoice("cuda", "nccl")
+    if (requested == "cuda" or len(gpu_ids) > 0) and not cuda_available:
+        return DeviceChoice("cpu", "gloo", GPU_FALLBACK)
+    return DeviceChoice("cpu", "gloo")
+
+
+def _ray_gpu_ids() -> list[object]:
+    """The GPU ids Ray assigned this process; none outside a Ray worker (torchrun, the GPU check)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return []
+    try:
+        return list(ray.get_gpu_ids())
+    except Exception:  # not a worker/driver context Ray knows: nothing was assigned here
+        return []
+
+
+def pick_device(proxy: ProxySpec) -> tuple[torch.device, DeviceChoice]:
+    """This worker's device and backend (see `choose_device`); warns on stderr when it falls back.
+
+    Under Ray Train the process group already exists; its backend wins (a gloo group means some
+    worker had no CUDA, see `trainer.device_aware_torch_config`), so the device follows it.
+    """
+    import torch.distributed as dist
+
+    choice = choose_device(proxy.device, _ray_gpu_ids(), torch.cuda.is_available())
+    if choice.device == "cuda" and dist.is_initialized() and dist.get_backend() != "nccl":
+        choice = DeviceChoice("cpu", "gloo", GLOO_FALLBACK)
+    if choice.fallback:
+        rank = os.environ.get("RANK", "?")
+        print(f"WARNING: proxy worker rank {rank}: {choice.fallback}", file=sys.stderr, flush=True)
+    if choice.device == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+        return torch.device("cuda", local_rank), choice
+    return torch.device("cpu"), choice
 
 
 def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str, Any]]:
@@ -312,7 +363,7 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
     import torch.distributed as dist
 
     cfg = WorkerConfig.model_validate(config)
-    device = _device(cfg.proxy)
+    device, choice = pick_device(cfg.proxy)
     apply_collective_timeout(cfg.proxy.collective_timeout_s)
     phases = {"process_start": _process_start_time(), "worker_enter": time.time()}
     import transformers.models.llama.modeling_llama  # noqa: F401  (timed here, used by build_engine)
@@ -321,7 +372,7 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
     # Under Ray (or any launcher that made the process group) DeepSpeed adopts the existing group;
     # it must still be told, or `deepspeed.comm` (used by PipelineModule) has no backend.
     deepspeed.init_distributed(
-        dist_backend="nccl" if device.type == "cuda" else "gloo",
+        dist_backend=choice.backend,
         timeout=timedelta(seconds=cfg.proxy.collective_timeout_s),
     )
     phases["distributed_ready"] = time.time()
@@ -340,7 +391,8 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
         loader.load_state_dict(state["data"])
         start = state["step"]
     if rank == 0:
-        _log(cfg.run_dir, {"event": "start", "step": start, "time": time.time(), "phases": phases})
+        record: dict[str, Any] = {"event": "start", "step": start, "time": time.time(), "phases": phases}
+        _log(cfg.run_dir, {**record, "device": device.type, "device_fallback": choice.fallback})
     probe, meter = _StateProbe(engine), measure.ActivationMeter(engine.module)
     times: list[float] = []
     losses: list[float] = []
@@ -353,7 +405,9 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
         times.append(time.perf_counter() - t0)
         losses.append(loss)
         rows = _memory_rows(probe, meter, device)
-        metrics = _metrics(cfg, step, loss, times, rows)
+        metrics: dict[str, Any] = _metrics(cfg, step, loss, times, rows)
+        if choice.fallback:  # a string among the floats only when there is something to say
+            metrics["device_fallback"] = choice.fallback
         if rank == 0:
             record = {"event": "step", "step": step, "loss": loss, "time": time.time(), "metrics": metrics}
             if meter.tally:
