@@ -23,7 +23,7 @@ from typing import Any, get_args
 
 from service.search.config import RunConfig, SearchConfig, merge
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
-from service.search.result import SearchResult, TrialRecord, trial_outcome
+from service.search.result import SearchResult, TrialRecord, fallback_of, trial_outcome
 from service.search.space import Algorithm, SearchSpace, load_space, space_from_dict
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
@@ -376,6 +376,7 @@ class Search:
                     steps=step,
                     measured=observed.measured,
                     predicted=observed.predicted or by_key[key].predicted,
+                    device_fallback=fallback_of(last),
                 )
             )
         trials.sort(key=self._launch_rank())

@@ -23,7 +23,7 @@ import yaml
 from ray.tune import Callback
 
 from service.search.prune import Candidate, PrunedPlan
-from service.search.result import SearchResult, trial_outcome
+from service.search.result import SearchResult, fallback_of, trial_outcome
 from service.search.trial import TRIAL_LOG, train_run_name
 from service.spec.experiment import ExperimentSpec
 from service.spec.record import PREDICTED, Metrics, Observation
@@ -216,6 +216,8 @@ class TrialRecorder(Callback):
             observed = observed.model_copy(update={"predicted": self.predicted.get(plan_key, Metrics())})
         final = observed.flat(prefix="final_")
         tags = {"trial_status": status, "trial_reason": reason[:4000]}
+        if fallback_of(last):  # CPU numbers for a GPU plan: say so where the run is read
+            tags["device_fallback"] = fallback_of(last)
         if status == "unschedulable":
             tags["mlflow.note.content"] = f"Never ran: {reason}"
         tracker.log_batch(key, metrics=final, tags=tags, step=step)

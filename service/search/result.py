@@ -36,6 +36,10 @@ class TrialRecord(BaseModel):
     steps: int = 0
     measured: Metrics = Metrics()  # the last step's report
     predicted: Metrics = Metrics()  # the cost model's, at proxy scale
+    # Why the workers ran on CPU although the experiment asked for GPUs (a GPU resource with no CUDA
+    # device behind it, e.g. Ray's fake multinode provider); "" when they ran where asked. Its
+    # measurements are then CPU numbers, whatever the plan says.
+    device_fallback: str = ""
     mlflow_run_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +73,13 @@ def trial_outcome(
             last_step,
         )
     return "failed", "the trial ended before its first report", last_step
+
+
+def fallback_of(report: dict[str, Any]) -> str:
+    """The worker's `device_fallback` in a report row (a string among the floats, see
+    service/train/worker.py); "" when the row has none (the run ran on the device it asked for)."""
+    value = report.get("device_fallback")
+    return value if isinstance(value, str) else ""
 
 
 def _finite(value: Any) -> bool:
@@ -177,6 +188,7 @@ class SearchResult:
             row.update({"steps": t.steps, **t.plan.model_dump()})
             row.update(t.measured.prefixed(MEASURED))
             row.update(t.predicted.prefixed(PREDICTED))
+            row["device_fallback"] = t.device_fallback
             row["mlflow_run_id"] = t.mlflow_run_id
             rows.append(row)
         return pd.DataFrame(rows)

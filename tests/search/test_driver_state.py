@@ -76,3 +76,30 @@ def test_concurrency_is_capped_by_resources_and_world_size(monkeypatch) -> None:
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     with pytest.raises(SpecError, match="needs 2 CPUs"):
         max_concurrent_trials(2, "cpu")
+
+
+def test_collect_keeps_the_workers_device_fallback(tmp_path: Path) -> None:
+    """A worker on a GPU resource without CUDA reports `device_fallback` (a string among its floats);
+    the trial's record keeps it, so a search's JSON says its numbers are CPU numbers."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    search = Search(EXPERIMENT, SPACE, storage_path=tmp_path, name="s")
+    first, second = search.pruning().candidates[:2]
+    step = {"step": 5.0, "tokens_per_s": 900.0, "loss": 6.0}
+    fell_back = {**step, "device_fallback": "GPU resource without a CUDA device: ran on CPU/gloo"}
+    final = {"trial_status": "ok", "trial_reason": "", "done": 1.0}
+
+    def trial(trial_id: str, key: str, rows: list[dict]) -> SimpleNamespace:
+        frame = pd.DataFrame(rows)  # Tune's table: NaN where a row lacks a column
+        return SimpleNamespace(
+            config={"plan": key}, metrics_dataframe=frame, error=None, path=f"/x/{trial_id}"
+        )
+
+    grid = [trial("t1", first.key, [fell_back, final]), trial("t2", second.key, [step, final])]
+    records = {t.trial_id: t for t in search._collect(grid, search.pruning()).trials}
+    assert records["t1"].device_fallback == fell_back["device_fallback"]
+    assert records["t1"].status == "ok" and records["t1"].measured.tokens_per_s == 900.0
+    assert records["t2"].device_fallback == ""  # ran where it asked
+    assert records["t1"].to_dict()["device_fallback"] == fell_back["device_fallback"]

@@ -43,3 +43,29 @@ def test_pruned_plans_are_finished_runs_tagged_pruned_with_their_reason(tmp_path
     oom = next(r for r in children if r.data.tags["prune_kind"] == "predicted_oom")
     assert "predicted not to fit" in oom.data.tags["trial_reason"]
     assert oom.data.metrics["predicted_peak_memory_bytes_per_rank"] > 2**30
+
+
+def test_a_trial_that_ran_on_cpu_for_want_of_cuda_is_tagged_so(tmp_path: Path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from service.search.recording import TrialRecorder, trial_key
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    experiment = load_experiment(REPO / "experiments" / "tiny-cpu.yaml")
+    space = space_from_dict({"name": "p", "params": {"zero_stage": [1], "tp": [1], "micro_batch": [2]}})
+    candidates = prune_space(experiment, space).candidates
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    target = resolve(TrackingSpec(uri=uri, experiment_name="rec", buffer_dir=str(tmp_path / "pending")), "x")
+    tracker = tracker_for(target)
+    tracker.start_run(parent_key("s1"), "search s1")
+    recorder = TrialRecorder(target, "s1", candidates, experiment, str(tmp_path / "runs"), steps=2)
+    trial = SimpleNamespace(trial_id="t1", config={"plan": candidates[0].key}, local_path=str(tmp_path))
+    fallback = "GPU resource without a CUDA device: ran on CPU/gloo"
+    recorder.on_trial_start(0, [], trial)
+    recorder.on_trial_result(0, [], trial, {"step": 2, "tokens_per_s": 900.0, "device_fallback": fallback})
+    recorder.on_trial_result(0, [], trial, {"trial_status": "ok", "trial_reason": "", "done": 1.0})
+    recorder.on_trial_complete(0, [], trial)
+
+    run = MlflowClient(uri).get_run(tracker.run_id(trial_key("s1", "t1")))
+    assert run.data.tags["trial_status"] == "ok" and run.data.tags["device_fallback"] == fallback
+    assert run.data.metrics["final_measured_tokens_per_s"] == 900.0
