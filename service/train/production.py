@@ -235,6 +235,7 @@ class ProductionRun:
             checkpoint_every=self.checkpoint_every,
             inject_failure_at_step=self.inject_failure_at_step,
             max_failures=self.max_failures,
+            proxy=False,
         )
         status, reason = "ok", ""
         with _Follower(run_dir, self.steps, tracker, sys.stderr if self.progress else None):

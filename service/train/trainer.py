@@ -110,6 +110,55 @@ def device_aware_torch_config(timeout_s: int) -> Any:
     return _device_aware_config_class()(backend="nccl", timeout_s=timeout_s)
 
 
+# What a proxy trial does without (each is a Ray actor, i.e. a fresh Python process importing Ray Train,
+# 2-4 s of CPU at a trial's start on a 2-core machine, where a trial's start-up is CPU-bound):
+# - the dataset manager: Ray Train V2 starts one even with no `datasets` (DatasetsCallback); the
+#   workers read their own token shards (train/data.py) and never call `get_dataset_shard`;
+# - the placement-group cleaner (a detached actor per run): it removes the workers' placement group
+#   if the controller dies; a non-detached placement group is already removed with its creator, and
+#   the search frees stopped trials' groups itself (search/stopping.py);
+# - the preemption watcher (observability of spot-node preemption notices): a proxy lost to a
+#   preemption is a failed trial either way. It is the controller's, so it is turned off through the
+#   environment Ray Train propagates to it (RAY_TRAIN_ENABLE_PREEMPTION_WATCHER, read by
+#   ray/train/v2/_internal/execution/controller/controller.py).
+# The production run keeps all three.
+PROXY_RAY_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+@functools.cache
+def _proxy_trainer_class() -> Any:
+    """`TorchTrainer` without the dataset manager and placement-group cleaner (see above); made once.
+
+    `_create_default_callbacks` is Ray Train V2's private hook (ray/train/v2/api/data_parallel_trainer.py,
+    Ray 2.60); tests/train/test_trainer_lean.py fails if it stops being what is overridden here.
+    """
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class ProxyTorchTrainer(TorchTrainer):  # type: ignore[misc]
+        def _create_default_callbacks(self) -> list[Any]:
+            dropped: tuple[type, ...] = (PlacementGroupCleanerCallback,)
+            if not self.datasets:
+                dropped += (DatasetsCallback,)
+            defaults = super()._create_default_callbacks()  # type: ignore[misc]
+            return [cb for cb in defaults if not isinstance(cb, dropped)]
+
+        def fit(self) -> Any:
+            # The controller is made inside fit() with this process's Ray Train variables; set for
+            # the call only (a value the user set is kept), so a production run later in the same
+            # process keeps its watcher.
+            added = {k: v for k, v in PROXY_RAY_TRAIN_ENV.items() if k not in os.environ}
+            os.environ.update(added)
+            try:
+                return super().fit()
+            finally:
+                for key in added:
+                    os.environ.pop(key, None)
+
+    return ProxyTorchTrainer
+
+
 def build_trainer(
     experiment: ExperimentSpec,
     plan: Plan,
@@ -122,6 +171,7 @@ def build_trainer(
     max_failures: int = 0,
     callbacks: Sequence[Any] = (),
     stall: dict[str, float] | None = None,
+    proxy: bool = True,
 ) -> Any:
     """A `TorchTrainer` with `plan.num_gpus` workers running `train_loop_per_worker`.
 
@@ -135,6 +185,8 @@ def build_trainer(
         max_failures: restarts from the latest checkpoint that Ray Train may make.
         callbacks: Ray Train `UserCallback`s (e.g. Tune's `TuneReportCallback`).
         stall: test hook, see `WorkerConfig.stall`.
+        proxy: a proxy trial, started without the Ray Train actors it does not need (see
+            `PROXY_RAY_TRAIN_ENV`); False for the production run.
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -153,7 +205,8 @@ def build_trainer(
     )
     use_gpu = experiment.proxy.device == "cuda"
     timeout_s = max(1, math.ceil(experiment.proxy.collective_timeout_s))
-    return TorchTrainer(
+    trainer_class = _proxy_trainer_class() if proxy else TorchTrainer
+    return trainer_class(
         train_loop_per_worker,
         train_loop_config=config.model_dump(mode="json"),
         torch_config=device_aware_torch_config(timeout_s)

@@ -29,6 +29,7 @@ from service.train import checkpoint, measure
 from service.train.data import ShardedLoader, token_source
 from service.train.ds_config import deepspeed_config
 from service.train.model import apply_recompute, build_causal_lm, build_model, forward_loss
+from service.train.startup import import_deepspeed
 
 FAILURE_MARKER = "injected_failure.done"
 LOG_FILE = "proxy_log.jsonl"
@@ -359,8 +360,9 @@ def _detail(cfg: WorkerConfig, probe: _StateProbe, meter: measure.ActivationMete
 
 def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | None = None) -> list[float]:
     """Trains `config["steps"]` steps (from `resume_dir`'s step if given), reporting each; returns losses."""
-    import deepspeed
     import torch.distributed as dist
+
+    deepspeed = import_deepspeed()
 
     cfg = WorkerConfig.model_validate(config)
     device, choice = pick_device(cfg.proxy)
