@@ -201,6 +201,29 @@ def _rank_stats(rows: list[dict[str, Any]], pred_key: str) -> dict[str, float]:
     }
 
 
+def paired_kendall(rows: list[dict[str, Any]], pred_key: str, ref_key: str) -> dict[str, float]:
+    """Mean Kendall tau-b of `pred_key` and of `ref_key` over the same (model, gpu) groups of ≥3 rows:
+    those where both are defined. The constant-MFU baseline ties every run of a group that shares one
+    sequence length, so its own mean covers only the groups where seq_len varies."""
+    meas = np.array([r["measured_tokens_per_s_per_gpu"] for r in rows])
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[(r["model"], r["gpu"])].append(i)
+    pairs = []
+    for ix in (ix for ix in groups.values() if len(ix) >= 3):
+        a = kendall_tau_b(meas[ix], np.array([rows[i][pred_key] for i in ix]))
+        b = kendall_tau_b(meas[ix], np.array([rows[i][ref_key] for i in ix]))
+        if not (math.isnan(a) or math.isnan(b)):
+            pairs.append((a, b))
+    if not pairs:
+        return {"model": math.nan, "baseline": math.nan, "groups": 0}
+    return {
+        "model": float(np.mean([a for a, _ in pairs])),
+        "baseline": float(np.mean([b for _, b in pairs])),
+        "groups": len(pairs),
+    }
+
+
 LABELS = (
     ("model", "error", "predicted_tokens_per_s_per_gpu"),  # calibrated, leave-one-source-out
     ("prior", "prior_error", "prior_tokens_per_s_per_gpu"),
@@ -230,6 +253,9 @@ def summarize(results: list[dict[str, Any]], cv: Any = None) -> dict[str, Any]:
             "source_balanced_mape": float(np.mean([v["mape"] for v in per_source.values()])),
             "per_source": per_source,
         }
+    out["kendall_same_groups"] = paired_kendall(
+        results, "predicted_tokens_per_s_per_gpu", "baseline_tokens_per_s_per_gpu"
+    )
     out["predicted_not_fitting"] = [r["id"] for r in results if not r["predicted_fits"]]
     named = {r["id"]: r["error"] for r in results if r["id"] in NAMED_ROWS}
     m, b = out["model"], out["baseline"]
@@ -291,6 +317,11 @@ def print_report(
     print(
         f"source-balanced MAPE: calibrated (LOSO) {m['source_balanced_mape']:.1%}, prior "
         f"{p['source_balanced_mape']:.1%}, baseline {b['source_balanced_mape']:.1%}"
+    )
+    same = summary["kendall_same_groups"]
+    print(
+        f"Kendall tau within (model, gpu) on the {same['groups']} groups where the baseline is not all ties: "
+        f"model {same['model']:+.2f}, baseline {same['baseline']:+.2f}"
     )
     print("goals: " + ", ".join(f"{k}={v}" for k, v in summary["goals"].items() if k != "named_rows_error"))
     print(

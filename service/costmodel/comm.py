@@ -142,6 +142,23 @@ def p2p_time_s(message_bytes: Num, crosses_node: Num, gpu: GPUSpec, links: Links
     return message_bytes / (bw * 1e9 * efficiency) + links.latency_scale * latency
 
 
+def overlapped_exposed_s(comm_s: Num, compute_s: Num, contention: float) -> Num:
+    """Time a collective issued behind `compute_s` of kernels adds to the step: the part that outlasts the
+    compute, plus `contention` × the part that runs alongside it.
+
+    NCCL's collectives are kernels: each channel is a CTA that holds an SM for the whole collective and
+    copies through it (NCCL docs, "CTA policy": NCCL_CTA_POLICY_EFFICIENCY "is suitable for applications
+    which require better compute and communication overlap"; PyTorch PR #130583, "low-contention
+    collectives": NCCL "reserve[s] SM resources" and uses "SM-based P2P copy"). The overlapped GEMMs run
+    on the SMs left and spill a tail wave (an all-gather's 24 CTAs on an H100's 132 SMs, NVIDIA forum
+    thread 337991), so overlap hides a collective only partly: contention ≈ NCCL's CTAs / SMs
+    (24 / 132 ≈ 0.18) and up to ~1 when the tail wave doubles a GEMM. Host↔device copies run on the copy
+    engines, not on SMs, and do not pay it.
+    """
+    hidden = np.minimum(comm_s, compute_s)
+    return np.maximum(0.0, comm_s - compute_s) + contention * hidden
+
+
 def host_transfer_time_s(transfer_bytes: Num, gpu: GPUSpec) -> Num:
     """Copy over PCIe between host and GPU (ZeRO-Offload / ZeRO-Infinity)."""
     return transfer_bytes / (gpu.host_to_device_gb_per_s * 1e9)

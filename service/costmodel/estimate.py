@@ -203,7 +203,9 @@ def _times(
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
 
-    dp_comm, offload, optimizer_step = _data_parallel_and_offload(model, cluster, p, fwd, bwd, gpu, net)
+    dp_comm, offload, optimizer_step = _data_parallel_and_offload(
+        model, cluster, p, fwd, bwd, gpu, net, params["overlap_contention"]
+    )
     ga = p.grad_accum
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
     # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
@@ -251,6 +253,7 @@ def _data_parallel_and_offload(
     bwd: np.ndarray,
     gpu: GPUSpec,
     net: comm.Links,
+    contention: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exposed data-parallel communication, exposed offload time and the GPU optimizer step.
 
@@ -258,7 +261,8 @@ def _data_parallel_and_offload(
     backward (DeepSpeed's engine, not overlapped); stages 1-2 reduce-scatter gradients overlapped with
     backward (stage 1 once per step, stage 2 every micro-batch) and all-gather the updated parameters
     after the step; stage 3 all-gathers parameters in forward and backward and reduce-scatters gradients
-    every micro-batch, prefetched behind compute.
+    every micro-batch, prefetched behind compute. A collective hidden behind compute still slows it by
+    `contention` × its time (NCCL's kernels hold SMs: comm.overlapped_exposed_s).
 
     FSDP (Zhao et al. 2023, "PyTorch FSDP", §3-4) gathers and reduces one flat parameter per wrapped
     unit, a transformer block, so it issues one collective per block instead of per bucket or module;
@@ -282,14 +286,18 @@ def _data_parallel_and_offload(
     ag = comm.all_gather_time_s(params_b, shards, p.tp, gpn, gpu, collectives, net)
     z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net)
     ga = p.grad_accum
+
+    def behind(collective: Num, compute_s: Num) -> np.ndarray:
+        return np.asarray(comm.overlapped_exposed_s(collective, compute_s, contention), dtype=float)
+
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
         [
             ar,
-            np.maximum(0.0, rs - bwd) + ag,
-            ga * np.maximum(0.0, rs - bwd) + np.where(fsdp, np.maximum(0.0, ag - fwd), ag),
+            behind(rs, bwd) + ag,
+            ga * behind(rs, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
-        ga * np.maximum(0.0, z3.per_micro_batch - (fwd + bwd)) + z3.per_step,
+        ga * behind(z3.per_micro_batch, fwd + bwd) + z3.per_step,
     )
     shards = hz.shard_ranks(p)
     shard = psi / np.where(p.zero_stage >= 1, shards, 1)

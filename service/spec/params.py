@@ -80,6 +80,15 @@ def default_bands() -> dict[str, Band]:
         "collective_latency_scale": _band(
             1.0, 0.25, 4.0, "×", "multiplies the per-hop latencies of NCCL's tuning model"
         ),
+        # 0 = a collective behind compute is free; 1 = overlapping saves nothing (the GEMM it overlaps
+        # is as much slower as the collective is long: NVIDIA forum thread 337991); prior 24/132 SMs.
+        "overlap_contention": _band(
+            0.18,
+            0.0,
+            1.0,
+            "× overlapped comm",
+            "compute lost per second of a collective overlapped with it (NCCL CTAs / SMs, 24/132 on H100)",
+        ),
         "step_overhead_s": _band(
             0.0, 0.0, 2.0, "s", "fixed time per optimizer step (data loading, clipping, logging, launch)"
         ),
@@ -102,6 +111,7 @@ TIME_PARAMS = (
     "inter_node_bus_efficiency",
     "intra_node_bus_efficiency",
     "collective_latency_scale",
+    "overlap_contention",
     "step_overhead_s",
     "microstep_overhead_s",
 )

@@ -83,7 +83,10 @@ def test_zero_plus_plus_and_mics_speed_up_70b_on_1024_gpus():
     plain = _estimate()
     plus = _estimate(zero_hpz_partition_size=8, zero_quantized_weights=True, zero_quantized_gradients=True)
     mics = _estimate(mics_shard_size=8)
-    assert plus.time_breakdown_s.dp_comm < 0.55 * plain.time_breakdown_s.dp_comm  # 4.6 s vs 8.8 s
+    # Both outlast the 3.26 s of fwd + bwd they overlap and pay the prior contention on it (0.18 × 3.26 s
+    # = 0.59 s, comm.overlapped_exposed_s); beyond that ZeRO++ exposes 4.6 s against plain ZeRO-3's 8.8 s.
+    contention = 0.18 * plain.time_breakdown_s.compute
+    assert plus.time_breakdown_s.dp_comm - contention < 0.55 * (plain.time_breakdown_s.dp_comm - contention)
     assert mics.time_breakdown_s.dp_comm < plain.time_breakdown_s.dp_comm
     assert plus.plan.short() == "dp1024-tp1-pp1-z3-hpz8-qw-qg-mb1-ga1-rc:full"
 

@@ -181,3 +181,35 @@ def test_each_engine_has_its_own_rules():
     assert Plan(dp=2, tp=8, pp=4, zero_stage=1).num_gpus == 64  # Megatron-DeepSpeed's 3D layout
     with pytest.raises(ValueError, match="zero_stage: pipeline parallelism"):
         Plan(dp=2, tp=8, pp=4, zero_stage=2)
+
+
+def test_overlapped_collective_pays_its_contention_on_the_compute_it_hides_behind():
+    """exposed = max(0, comm − compute) + κ·min(comm, compute): NCCL's CTAs hold SMs while they run."""
+    # 0.3 s of all-gathers behind 1.0 s of GEMMs at κ = 0.18 (24 CTAs / 132 SMs): 0.18 × 0.3 = 0.054 s.
+    assert comm.overlapped_exposed_s(np.array(0.3), np.array(1.0), 0.18) == pytest.approx(0.054)
+    # 1.5 s behind 1.0 s: the 0.5 s that outlasts the compute, plus 0.18 × 1.0 s during it = 0.68 s.
+    assert comm.overlapped_exposed_s(np.array(1.5), np.array(1.0), 0.18) == pytest.approx(0.68)
+    assert comm.overlapped_exposed_s(np.array(0.3), np.array(1.0), 0.0) == 0.0  # the old perfect overlap
+
+
+def test_zero3_gathers_hidden_behind_compute_still_cost_their_contention():
+    """Llama-2-13B, ZeRO-3 over 32 H100s (4 nodes of 8), 4 micro-batches of 4096 tokens, prior κ = 0.18.
+
+    Per micro-batch ZeRO-3 moves Ψ = 13.0e9 bf16 params three times (gather fwd, gather bwd, reduce-scatter
+    grads): 3 × 31/32 × 2Ψ bytes over 8 NICs × 50 GB/s × 0.8 = 320 GB/s ≈ 0.236 s, plus NCCL's ring
+    latency per module gather (40 blocks × 7 matmuls × 3). That is well under the ~0.5 s of fwd + bwd, so
+    all of it is hidden and the step pays 4 × 0.18 × comm ≈ 0.17 s (before: 0).
+    """
+    plan = dict(dp=32, zero_stage=3, micro_batch=1, grad_accum=4, recompute="none")
+    e = _est(**plan)
+    psi = 2 * LLAMA13.num_params  # bf16 parameter (and gradient) bytes, unsharded
+    bandwidth = 3 * 31 / 32 * psi / (8 * 50e9 * comm.NCCL_BUS_EFFICIENCY)
+    latency = 3 * 40 * 7 * float(comm.ring_latency_s(np.array(32.0), np.array(1), 8, H100, 1))
+    per_micro_batch = bandwidth + latency
+    assert bandwidth == pytest.approx(0.236, rel=0.01)
+    assert per_micro_batch < e.time_breakdown_s.compute / 4  # hidden: no part outlasts the compute
+    assert e.time_breakdown_s.dp_comm == pytest.approx(4 * 0.18 * per_micro_batch, rel=1e-6)
+    perfect = estimate(
+        LLAMA13, CLUSTER, Plan(**plan), WORK, params=ModelParams().with_values({"overlap_contention": 0.0})
+    )
+    assert perfect.time_breakdown_s.dp_comm == 0.0
