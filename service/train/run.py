@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
+from service.spec.record import PREDICTED, Metrics, Observation
 from service.train.ds_config import deepspeed_config
 from service.train.proxy_scale import predict_proxy, proxy_model, proxy_plan, proxy_plan_problem
 from service.train.ray_session import ensure_ray
@@ -53,8 +54,8 @@ class ProxyResult(BaseModel):
     reason: str = ""
     losses: list[float] = Field(default_factory=list, description="Loss of every step, in order.")
     restarts: int = Field(0, description="Times Ray Train restarted the workers from a checkpoint.")
-    measured: dict[str, float] = Field(default_factory=dict)
-    predicted: dict[str, float] = Field(default_factory=dict)
+    measured: Metrics = Field(default_factory=Metrics, description="The last step's measurements.")
+    predicted: Metrics = Field(default_factory=Metrics, description="The cost model's, for this proxy.")
     plan: Plan | None = Field(description="The plan run; None when the input described no valid plan.")
     precision: str = Field("", description="What the proxy computed in (a CPU proxy: proxy.precision).")
     ds_config: dict[str, Any] = Field(default_factory=dict)
@@ -118,15 +119,6 @@ def read_log(run_dir: str | Path) -> tuple[list[dict[str, Any]], int]:
     return [steps[k] for k in sorted(steps)], max(starts - 1, 0)
 
 
-def _summaries(metrics: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
-    measured = {k.removeprefix("measured_"): v for k, v in metrics.items() if k.startswith("measured_")}
-    for k in ("tokens_per_s", "step_time_s", "samples_per_s"):
-        if k in metrics:
-            measured[k] = metrics[k]
-    predicted = {k.removeprefix("predicted_"): v for k, v in metrics.items() if k.startswith("predicted_")}
-    return measured, predicted
-
-
 def _safe_name(plan: Plan) -> str:
     return "proxy-" + re.sub(r"[^A-Za-z0-9_.-]", "_", plan.short()) + time.strftime("-%Y%m%d-%H%M%S")
 
@@ -157,9 +149,9 @@ def run_proxy(
         return ProxyResult.invalid(problem, plan)
     ds_config = deepspeed_config(proxy_plan(experiment, plan), experiment.proxy, proxy_model(experiment))
     try:
-        predicted = predict_proxy(experiment, plan)
+        predicted = Metrics.from_prefixed(predict_proxy(experiment, plan), PREDICTED)
     except Exception as err:  # the measurement still has value without the model's side
-        predicted = {}
+        predicted = Metrics()
         base = base.model_copy(update={"reason": f"no prediction: {type(err).__name__}: {err}"})
     if inject_failure_at_step is not None:
         checkpoint_every = 1 if checkpoint_every is None else checkpoint_every
@@ -189,7 +181,7 @@ def run_proxy(
         update={
             "status": status,
             "reason": reason,
-            "predicted": {k.removeprefix("predicted_"): v for k, v in predicted.items()} or result.predicted,
+            "predicted": predicted or result.predicted,
             "plan": plan,
             "precision": proxy_plan(experiment, plan).precision,
             "ds_config": ds_config,
@@ -202,14 +194,14 @@ def _result_from_log(run_dir: Path, fit_start: float) -> ProxyResult:
     """Losses, restarts and the last step's measurements, from rank 0's step log."""
     records, restarts = read_log(run_dir)
     last = records[-1].get("metrics", {}) if records else {}
-    measured, predicted = _summaries(last)  # device_fallback, a string, has no summary prefix
+    observed = Observation.from_report(last)  # the one place a step report's names are read
     return ProxyResult(
         status="ok",
         plan=None,
         losses=[float(r["loss"]) for r in records],
         restarts=restarts,
-        measured=measured,
-        predicted=predicted,
+        measured=observed.measured,
+        predicted=observed.predicted,
         run_dir=str(run_dir),
         device_fallback=str(last.get("device_fallback", "")),
         submit_to_first_step_s=(records[0]["time"] - fit_start) if records else None,
