@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
@@ -110,6 +110,17 @@ class Metrics(BaseModel):
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and key in self.as_dict()
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  # a mapping's keys, not pydantic's pairs
+        return iter(self.as_dict())
+
+    def __eq__(self, other: object) -> bool:  # equal to another side or a plain mapping of the same numbers
+        if isinstance(other, Metrics | Mapping):
+            return self.as_dict() == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.as_dict().items()))
 
     def __len__(self) -> int:
         return len(self.as_dict())
