@@ -1,8 +1,9 @@
 """Scores `service.costmodel` against published training-throughput measurements.
 
-The data (benchmarks/published/measurements.yaml) are real runs read from five public sources:
+The data (benchmarks/published/measurements.yaml) are real runs read from seven public sources:
 MosaicML llm-foundry's MPT benchmark tables, Narayanan et al. 2021 (Megatron-LM PTD-P and DeepSpeed
-ZeRO-3), Korthikanti et al. 2022 (selective recompute + sequence parallelism), torchtitan's
+ZeRO-3), Korthikanti et al. 2022 (selective recompute + sequence parallelism), Smith et al. 2022
+(Megatron-DeepSpeed MT-NLG 530B), NVIDIA NeMo-Megatron launcher's GPT-3 175B tables, torchtitan's
 performance docs and IBM/PyTorch's FSDP blog. Each row becomes a `ModelSpec`, `ClusterSpec`, `Plan` and
 `Workload`; the cost model predicts tokens/s per GPU and we compare with what was measured:
 
