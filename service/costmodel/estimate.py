@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.costmodel import buckets as buckets_mod
 from service.costmodel import comm, compute, context, fp8
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
@@ -203,8 +204,10 @@ def _times(
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
 
+    # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
+    contention = params["overlap_contention"] if workload.overlap_comm else 1.0
     dp_comm, offload, optimizer_step = _data_parallel_and_offload(
-        model, cluster, p, fwd, bwd, gpu, net, params["overlap_contention"]
+        model, cluster, p, fwd, bwd, gpu, net, contention
     )
     ga = p.grad_accum
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
@@ -272,30 +275,36 @@ def _data_parallel_and_offload(
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp))
     grads_b, params_b = psi * gb, psi * pb
-    # Stages 0-2 move gradients and parameters in buckets (one collective per bucket); stage 3 gathers
-    # each block's weight matrices module by module (DeepSpeed's per-submodule fetch).
+    # Stages 0-2 reduce gradients in buckets (costmodel/buckets.py: a greedy packing of the tensors) and
+    # gather the updated parameters in one call; stage 3 gathers each block's weight matrices module by
+    # module (DeepSpeed's per-submodule fetch); FSDP one flat parameter per block.
     bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
-    buckets = np.ceil(psi / bucket)
+    buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
     blocks = model.num_layers / p.pp
     modules = blocks * (7 if model.mlp == "swiglu" else 4)
     fsdp = p.engine == ENGINE_CODES.index("fsdp")
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
+    gathers = np.where(fsdp | (p.zero_stage == 3), collectives, buckets_mod.PARAM_GATHER_CALLS)
     shards = p.dp * p.cp  # gradients are reduced over the context-parallel ranks too (context.py)
     ar = comm.all_reduce_time_s(grads_b, shards, p.tp, gpn, gpu, buckets, net)
     rs = comm.reduce_scatter_time_s(grads_b, shards, p.tp, gpn, gpu, collectives, net)
-    ag = comm.all_gather_time_s(params_b, shards, p.tp, gpn, gpu, collectives, net)
+    ag = comm.all_gather_time_s(params_b, shards, p.tp, gpn, gpu, gathers, net)
     z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net)
     ga = p.grad_accum
 
     def behind(collective: Num, compute_s: Num) -> np.ndarray:
         return np.asarray(comm.overlapped_exposed_s(collective, compute_s, contention), dtype=float)
 
+    # DeepSpeed's ZeRO 1-2 reduce each gradient bucket with an all-reduce and keep their partition of it
+    # (stage_1_and_2.py `average_tensor`: `use_multi_rank_bucket_allreduce`, on by default); FSDP and
+    # Megatron's distributed optimizer reduce-scatter.
+    reduce = np.where(p.engine == ENGINE_CODES.index("deepspeed"), ar, rs)
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
         [
             ar,
-            behind(rs, bwd) + ag,
-            ga * behind(rs, bwd) + np.where(fsdp, behind(ag, fwd), ag),
+            behind(reduce, bwd) + ag,
+            ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
         ga * behind(z3.per_micro_batch, fwd + bwd) + z3.per_step,
     )

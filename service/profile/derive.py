@@ -14,8 +14,8 @@ Each field is chosen so that the cost model, fed the profiled entry, reproduces 
 - `kernel_overhead_us`: the autograd chain, per kernel (1 forward + 2 backward per op, as counted there).
 - `cpu_adam_gparams_per_s`: the AdamW step.
 - CPU only, `intra_node_latency_us` and `intra_node_bandwidth_gb_per_s`: the gloo all-reduce among
-  proxy workers, solved through `comm.all_reduce_time_s` itself (affine in the latency and in
-  1/bandwidth): the latency from the one-element message, the bandwidth from the largest.
+  proxy workers (mean call time, as training issues them: profile/collectives.py), solved through
+  `comm.all_reduce_time_s` itself (affine in the latency and in 1/bandwidth) at the two largest sizes.
 """
 
 from __future__ import annotations
@@ -66,17 +66,35 @@ def _all_reduce_model_s(r: CollectiveResult, base: GPUSpec, latency_us: float, g
 
 
 def link_from_all_reduce(collectives: list[CollectiveResult], base: GPUSpec) -> tuple[float, float] | None:
-    """(intra_node_latency_us, intra_node_bandwidth_gb_per_s) at which the cost model reproduces the
-    smallest and the largest timed all-reduce; None without two sizes."""
+    """(intra_node_latency_us, intra_node_bandwidth_gb_per_s) at which the cost model reproduces two
+    timed all-reduces; None without two sizes.
+
+    The model is affine in the latency and in 1/bandwidth, so two sizes fix both (a 2×2 solve). With
+    three or more sizes the two largest are used: a one-float all-reduce takes gloo's small-message path
+    (~0.2 ms on loopback TCP against ~1 ms from 4 KiB up), which no bucketed gradient reduction takes.
+    """
     rs = sorted((r for r in collectives if r.op == "all_reduce"), key=lambda r: r.bytes)
     if len(rs) < 2:
         return None
-    small, large = rs[0], rs[-1]
-    at0, at1 = _all_reduce_model_s(small, base, 0.0, 1e6), _all_reduce_model_s(small, base, 1.0, 1e6)
-    latency_us = max(small.seconds - at0, 0.0) / (at1 - at0)
-    fixed = _all_reduce_model_s(large, base, latency_us, 1e12)
-    at_1gb = _all_reduce_model_s(large, base, latency_us, 1.0) - fixed  # seconds at 1 GB/s
-    return latency_us, at_1gb / max(large.seconds - fixed, 1e-3 * large.seconds)
+    pair = rs[-2:] if len(rs) >= 3 else [rs[0], rs[-1]]
+    rows, rhs = [], []
+    for r in pair:
+        fixed = _all_reduce_model_s(r, base, 0.0, 1e12)  # neither latency nor bandwidth term
+        per_us = _all_reduce_model_s(r, base, 1.0, 1e12) - fixed  # seconds per µs of hop latency
+        per_inverse_gb = _all_reduce_model_s(r, base, 0.0, 1.0) - fixed  # seconds at 1 GB/s
+        rows.append([per_us, per_inverse_gb])
+        rhs.append(r.seconds - fixed)
+    (a, b), (c, d) = rows
+    det = a * d - b * c
+    if abs(det) < 1e-30:
+        return None
+    latency_us = (rhs[0] * d - b * rhs[1]) / det
+    inverse_gb = (a * rhs[1] - c * rhs[0]) / det
+    if latency_us < 0:  # the two sizes say bandwidth only: the largest message's rate, no latency
+        latency_us, inverse_gb = 0.0, rhs[1] / d
+    if inverse_gb <= 0:  # latency only: the smaller message's latency, bandwidth left as in the catalog
+        return rhs[0] / a, base.intra_node_bandwidth_gb_per_s
+    return latency_us, 1.0 / inverse_gb
 
 
 def derive_overrides(

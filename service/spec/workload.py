@@ -25,6 +25,11 @@ class Workload(BaseModel):
         description="Fused attention that keeps no s×s scores (FlashAttention / SDPA); false = materialised "
         "scores and dropout masks, as in Megatron-LM 2021-22 (Korthikanti et al.'s formulas).",
     )
+    overlap_comm: bool = Field(
+        True,
+        description="Data-parallel collectives run behind compute (DeepSpeed `overlap_comm`, FSDP's "
+        "prefetch); false = each collective stalls the step, as in the proxies' DeepSpeed config.",
+    )
 
     @model_validator(mode="after")
     def _derive_batch(self) -> Workload:

@@ -47,13 +47,15 @@ def proxy_seq_len(experiment: ExperimentSpec) -> int:
 
 
 def proxy_workload(experiment: ExperimentSpec, plan: Plan) -> Workload:
-    """The proxy's step: `plan.micro_batch·grad_accum·dp` sequences of the proxy sequence length."""
+    """The proxy's step: `plan.micro_batch·grad_accum·dp` sequences of the proxy sequence length, its
+    collectives not overlapped (the proxies' DeepSpeed config turns `overlap_comm` off: train/ds_config)."""
     seq_len = proxy_seq_len(experiment)
     steps = experiment.proxy.steps
     return Workload(
         seq_len=seq_len,
         global_batch_sequences=plan.sequences_per_step,
         tokens_to_train=float(plan.sequences_per_step * seq_len * steps),
+        overlap_comm=False,
     )
 
 

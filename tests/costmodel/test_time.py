@@ -155,9 +155,9 @@ def test_deepspeed_plans_cannot_interleave():
 
 
 def test_fsdp_issues_one_collective_per_block_where_deepspeed_issues_one_per_bucket():
-    """A 7B model with ZeRO-2 on 512 H100s: DeepSpeed reduces ~Ψ/h² buckets, each paying NCCL's ring
-    latency over 512 ranks; FSDP's SHARD_GRAD_OP one flat parameter per block (32), and it prefetches
-    the next forward's gathers. Same bytes, far fewer latencies."""
+    """A 7B model with ZeRO-2 on 512 H100s: DeepSpeed all-reduces each gradient bucket (~8 per block:
+    costmodel/buckets.py), twice a reduce-scatter's bytes; FSDP's SHARD_GRAD_OP reduce-scatters one flat
+    parameter per block (32) and prefetches the next forward's gathers."""
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=64)
     work = Workload(seq_len=2048, global_batch_sequences=512 * 4, tokens_to_train=1e9)
     llama7 = load_model("llama2-7b")
@@ -167,7 +167,7 @@ def test_fsdp_issues_one_collective_per_block_where_deepspeed_issues_one_per_buc
         )
         for e in ("deepspeed", "fsdp")
     )
-    assert fsdp.time_breakdown_s.dp_comm < 0.5 * ds.time_breakdown_s.dp_comm
+    assert fsdp.time_breakdown_s.dp_comm < 0.8 * ds.time_breakdown_s.dp_comm
     assert fsdp.time_breakdown_s.compute == ds.time_breakdown_s.compute
     assert fsdp.plan.short().startswith("fsdp:dp512")
 
@@ -213,3 +213,26 @@ def test_zero3_gathers_hidden_behind_compute_still_cost_their_contention():
         LLAMA13, CLUSTER, Plan(**plan), WORK, params=ModelParams().with_values({"overlap_contention": 0.0})
     )
     assert perfect.time_breakdown_s.dp_comm == 0.0
+
+
+def test_deepspeed_gradient_buckets_are_packed_tensor_by_tensor():
+    """DeepSpeed's IPG bucket flushes when the next gradient would overflow it, so a tensor as large as
+    the bucket goes alone: the 4-layer tiny proxy (h 128, bucket h² = 16,384) issues 30 reductions per
+    step (counted on DeepSpeed 0.19.8 at dp 2), where Ψ / bucket says 53."""
+    from service.costmodel.buckets import gradient_reduce_calls, greedy_calls
+    from service.spec.model import ModelSpec
+    from service.spec.zero import ZeroKnobs
+
+    tiny = ModelSpec(
+        name="tiny", num_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+        ffn_hidden_size=344, vocab_size=512, mlp="swiglu", tie_word_embeddings=False,
+    )  # fmt: skip
+    bucket = ZeroKnobs.for_model(tiny).reduce_bucket_elements
+    assert gradient_reduce_calls(tiny, [1], [1], bucket).tolist() == [30.0]
+    assert greedy_calls([10, 10, 10], 10) == 3 and greedy_calls([4, 4, 4], 10) == 2  # 4+4 | 4
+    assert greedy_calls([25, 1, 1], 10) == 2 and greedy_calls([], 10) == 0
+    # tp shards the matrices, so more of them share a bucket; pp keeps fewer blocks per rank
+    assert (
+        gradient_reduce_calls(tiny, [2], [1], bucket)[0] < 30
+        and gradient_reduce_calls(tiny, [1], [2], bucket)[0] < 30
+    )
