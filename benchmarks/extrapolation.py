@@ -10,7 +10,7 @@ proxies ran on the target's device type):
 - time terms: `fit(runs, names=TIME_PARAMS)` on the measured tokens/s per worker.
 
 Reported (errors = predicted / measured − 1, goal |error| ≤ 10 %):
-- step time: the worker's in-loop optimizer-step time (median of the timed steps);
+- step time: the worker's in-loop optimizer-step time (mean of the steps after warm-up);
 - a diagnostic run, not fit on: the target's 4 layers on 1 worker, which splits the step-time error
   into the depth extrapolation (1-2 → 4 layers) and the second worker (gloo all-reduces per bucket);
 - peak memory: (a) what the cost model counts per rank — model state + saved activations — against
