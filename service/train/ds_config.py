@@ -20,6 +20,9 @@ from service.spec.zero import ZeroKnobs, hierarchical_zero_config
 
 GRADIENT_CLIPPING = 1.0
 LEARNING_RATE = 3e-4
+# Proxies run ZeRO's collectives unoverlapped (overlap needs CUDA streams; off keeps CPU and GPU proxies
+# alike); the cost model prices proxy steps the same way (train/proxy_scale.py `proxy_workload`).
+PROXY_OVERLAP_COMM = False
 
 
 def proxy_precision(plan: Plan, proxy: ProxySpec) -> str:
@@ -39,7 +42,7 @@ def _zero_section(plan: Plan, knobs: ZeroKnobs, gpus_per_node: int) -> dict[str,
     zero: dict[str, Any] = {
         "stage": plan.zero_stage,
         "contiguous_gradients": True,
-        "overlap_comm": False,  # overlap needs CUDA streams; off keeps CPU and GPU proxies alike
+        "overlap_comm": PROXY_OVERLAP_COMM,
         "reduce_bucket_size": knobs.reduce_bucket_elements,
         "allgather_bucket_size": knobs.allgather_bucket_elements,
     }

@@ -14,7 +14,7 @@ from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan, plan_problem
 from service.spec.workload import Workload
-from service.train.ds_config import proxy_precision
+from service.train.ds_config import PROXY_OVERLAP_COMM, proxy_precision
 
 PREDICTED_KEYS = (
     "predicted_tokens_per_s",
@@ -48,14 +48,14 @@ def proxy_seq_len(experiment: ExperimentSpec) -> int:
 
 def proxy_workload(experiment: ExperimentSpec, plan: Plan) -> Workload:
     """The proxy's step: `plan.micro_batch·grad_accum·dp` sequences of the proxy sequence length, its
-    collectives not overlapped (the proxies' DeepSpeed config turns `overlap_comm` off: train/ds_config)."""
+    collectives overlapped as the proxies' DeepSpeed config runs them (`PROXY_OVERLAP_COMM`: off)."""
     seq_len = proxy_seq_len(experiment)
     steps = experiment.proxy.steps
     return Workload(
         seq_len=seq_len,
         global_batch_sequences=plan.sequences_per_step,
         tokens_to_train=float(plan.sequences_per_step * seq_len * steps),
-        overlap_comm=False,
+        overlap_comm=PROXY_OVERLAP_COMM,
     )
 
 
