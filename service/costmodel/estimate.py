@@ -199,7 +199,7 @@ def _times(
     # messages (§2.2.2; the slot's chunk compute is 1/v of the stage's, so the bubble is (pp − 1)/v · slot).
     v = p.virtual_stages
     crosses = p.dp * p.tp * p.cp >= cluster.gpus_per_node
-    p2p = comm.p2p_time_s(tokens * model.hidden_size * d, crosses, gpu, net)
+    p2p = _pipeline_send_s(model, cluster, p, tokens * model.hidden_size * d, crosses, gpu, net)
     pp_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
@@ -224,6 +224,33 @@ def _times(
         "offload": offload,
         "overhead": np.asarray(overhead, dtype=float),
     }
+
+
+def _pipeline_send_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    p: PlanTable,
+    hidden_bytes: Num,
+    crosses: Num,
+    gpu: GPUSpec,
+    net: comm.Links,
+) -> np.ndarray:
+    """One stage-boundary send of a micro-batch's hidden state, as each tensor-parallel rank pays it.
+
+    With sequence parallelism the hidden state between stages is the rank's sequence chunk, 1/tp of it
+    (Korthikanti et al. 2022, §4.2.2; the proxy's PipelineModule sends that chunk). Megatron-LM without
+    it splits the tensor into tp chunks, each rank sends one across the node boundary and the receiving
+    stage all-gathers them over NVLink (Narayanan et al. 2021, §4.1 "scatter/gather communication
+    optimization"; megatron/core/pipeline_parallel/p2p_communication.py,
+    `scatter_gather_tensors_in_pipeline`). DeepSpeed's PipelineEngine sends the whole tensor from every
+    tensor-parallel rank (runtime/pipe/engine.py `_exec_send_activations`).
+    """
+    megatron = p.engine == ENGINE_CODES.index("megatron")
+    split = (p.tp > 1) & (p.sequence_parallel | megatron)
+    send = comm.p2p_time_s(hidden_bytes / np.where(split, p.tp, 1), crosses, gpu, net)
+    gather = comm.all_gather_time_s(hidden_bytes, p.tp, 1, cluster.gpus_per_node, gpu, 1.0, net)
+    regather = split & megatron & ~p.sequence_parallel
+    return np.asarray(send + np.where(regather, gather, 0.0), dtype=float)
 
 
 def _context_parallel_s(

@@ -146,6 +146,32 @@ def test_interleaved_schedule_cuts_the_bubble_by_its_virtual_stages():
     assert inter.step_time_s[0] < plain.step_time_s[0]
 
 
+def test_pipeline_sends_split_over_tensor_parallel_ranks_where_the_engine_does():
+    """A stage boundary moves tokens·h·d bytes per tensor-parallel rank from DeepSpeed's PipelineEngine;
+    1/tp of it with sequence parallelism (the rank's sequence chunk) or from Megatron-LM, which also
+    all-gathers the chunks over NVLink when SP is off (Narayanan et al. 2021, §4.1)."""
+    from service.costmodel import estimate_table
+    from service.plans.table import ENGINE_CODES, PlanTable
+
+    def pp_comm(engine: str, sp: bool) -> float:
+        cols = dict(dp=1, tp=8, pp=4, zero_stage=1, micro_batch=1, grad_accum=16, recompute=2, precision=0)
+        cols |= dict(offload_optimizer=False, offload_params=False, sequence_parallel=sp)
+        cols |= dict(engine=ENGINE_CODES.index(engine))
+        table = PlanTable.from_columns(**{k: np.asarray([x]) for k, x in cols.items()})
+        return float(estimate_table(LLAMA13, CLUSTER, work, table, params=ModelParams()).pp_comm_s[0])
+
+    work = Workload(seq_len=4096, global_batch_sequences=16, tokens_to_train=1e9)
+    whole = 4096 * LLAMA13.hidden_size * 2
+    send = comm.p2p_time_s(whole, True, H100)  # tp 8 fills the node: every stage hop crosses it
+    chunk = comm.p2p_time_s(whole / 8, True, H100)
+    gather = comm.all_gather_time_s(whole, 8, 1, 8, H100)
+    assert pp_comm("deepspeed", False) == pytest.approx(16 * 2 * float(send))
+    assert pp_comm("deepspeed", True) == pytest.approx(16 * 2 * float(chunk))
+    assert pp_comm("megatron", True) == pytest.approx(16 * 2 * float(chunk))
+    assert pp_comm("megatron", False) == pytest.approx(16 * 2 * float(chunk + gather))
+    assert pp_comm("megatron", False) < pp_comm("deepspeed", False) / 3
+
+
 def test_deepspeed_plans_cannot_interleave():
     with pytest.raises(ValueError, match="virtual_stages: deepspeed has no interleaved pipeline schedule"):
         Plan(dp=4, pp=8, grad_accum=8, virtual_stages=2)

@@ -23,7 +23,6 @@ def _best(engines):
 def test_deepspeed_answer_is_3d_with_mfu_in_the_published_band():
     plan, mfu = _best(("deepspeed",))
     assert plan.tp > 1 and plan.pp > 1 and plan.dp > 1 and plan.zero_stage <= 1
-    assert plan.short() == "dp16-tp2-pp8-cp4-z1-mb1-ga128-rc:none"
     assert 0.34 <= mfu <= 0.45
 
 
