@@ -135,13 +135,15 @@ def fit(
         max_nfev=max_evaluations,
     )
     # What the set was fit on accumulates: a memory fit on proxies over the published set's time terms
-    # was fit on both.
-    sources = sorted({r.source for r in used} | set(prior.fit_on))
+    # was fit on both. A refit on sources the prior already saw counts their runs once, not twice.
+    used_sources = {r.source for r in used}
+    sources = sorted(used_sources | set(prior.fit_on))
+    earlier = 0 if used_sources & set(prior.fit_on) else prior.fit_runs
     params = params_at(result.x).model_copy(
         update={
             "name": name,
             "fit_on": sources,
-            "fit_runs": prior.fit_runs + len(used),
+            "fit_runs": earlier + len(used),
             "version": prior.version,
         }
     )

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel import buckets as buckets_mod
-from service.costmodel import comm, compute, context, fp8
+from service.costmodel import comm, compute, context, data_parallel, fp8
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
@@ -20,7 +19,6 @@ from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
 from service.spec.plan import Plan
 from service.spec.workload import Workload
-from service.spec.zero import ZeroKnobs
 
 GIB = 2**30
 
@@ -206,7 +204,7 @@ def _times(
 
     # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
     contention = params["overlap_contention"] if workload.overlap_comm else 1.0
-    dp_comm, offload, optimizer_step = _data_parallel_and_offload(
+    dp_comm, offload, optimizer_step = data_parallel.comm_offload_and_optimizer_s(
         model, cluster, p, fwd, bwd, gpu, net, contention
     )
     ga = p.grad_accum
@@ -273,78 +271,6 @@ def _context_parallel_s(
         model, tokens, p.tp, p.cp, d, attention_layer, 1, gpn, gpu, net
     ) + context.ring_exposed_per_layer_s(model, tokens, p.tp, p.cp, d, backward_attention, 2, gpn, gpu, net)
     return np.where(p.cp > 1, np.where(context.is_ring(p.engine), ring, ulysses), 0.0)
-
-
-def _data_parallel_and_offload(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    p: PlanTable,
-    fwd: np.ndarray,
-    bwd: np.ndarray,
-    gpu: GPUSpec,
-    net: comm.Links,
-    contention: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exposed data-parallel communication, exposed offload time and the GPU optimizer step.
-
-    ZeRO communication (Rajbhandari et al. 2020, §7): stage 0 all-reduces gradients once per step after
-    backward (DeepSpeed's engine, not overlapped); stages 1-2 reduce-scatter gradients overlapped with
-    backward (stage 1 once per step, stage 2 every micro-batch) and all-gather the updated parameters
-    after the step; stage 3 all-gathers parameters in forward and backward and reduce-scatters gradients
-    every micro-batch, prefetched behind compute. A collective hidden behind compute still slows it by
-    `contention` × its time (NCCL's kernels hold SMs: comm.overlapped_exposed_s).
-
-    FSDP (Zhao et al. 2023, "PyTorch FSDP", §3-4) gathers and reduces one flat parameter per wrapped
-    unit, a transformer block, so it issues one collective per block instead of per bucket or module;
-    SHARD_GRAD_OP (stage 2) re-gathers the parameters in the next forward, prefetched behind it.
-    """
-    gpn = cluster.gpus_per_node
-    pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp))
-    grads_b, params_b = psi * gb, psi * pb
-    # Stages 0-2 reduce gradients in buckets (costmodel/buckets.py: a greedy packing of the tensors) and
-    # gather the updated parameters in one call; stage 3 gathers each block's weight matrices module by
-    # module (DeepSpeed's per-submodule fetch); FSDP one flat parameter per block.
-    bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
-    buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
-    blocks = model.num_layers / p.pp
-    modules = blocks * (7 if model.mlp == "swiglu" else 4)
-    fsdp = p.engine == ENGINE_CODES.index("fsdp")
-    collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
-    gathers = np.where(fsdp | (p.zero_stage == 3), collectives, buckets_mod.PARAM_GATHER_CALLS)
-    shards = p.dp * p.cp  # gradients are reduced over the context-parallel ranks too (context.py)
-    ar = comm.all_reduce_time_s(grads_b, shards, p.tp, gpn, gpu, buckets, net)
-    rs = comm.reduce_scatter_time_s(grads_b, shards, p.tp, gpn, gpu, collectives, net)
-    ag = comm.all_gather_time_s(params_b, shards, p.tp, gpn, gpu, gathers, net)
-    z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net)
-    ga = p.grad_accum
-
-    def behind(collective: Num, compute_s: Num) -> np.ndarray:
-        return np.asarray(comm.overlapped_exposed_s(collective, compute_s, contention), dtype=float)
-
-    # DeepSpeed's ZeRO 1-2 reduce each gradient bucket with an all-reduce and keep their partition of it
-    # (stage_1_and_2.py `average_tensor`: `use_multi_rank_bucket_allreduce`, on by default); FSDP and
-    # Megatron's distributed optimizer reduce-scatter.
-    reduce = np.where(p.engine == ENGINE_CODES.index("deepspeed"), ar, rs)
-    dp_comm = np.select(
-        [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
-        [
-            ar,
-            behind(reduce, bwd) + ag,
-            ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
-        ],
-        ga * behind(z3.per_micro_batch, fwd + bwd) + z3.per_step,
-    )
-    shards = hz.shard_ranks(p)
-    shard = psi / np.where(p.zero_stage >= 1, shards, 1)
-    cpu_step = shard / (gpu.cpu_adam_gparams_per_s * 1e9)
-    grads_down = comm.host_transfer_time_s(shard * gb, gpu)
-    params_up = comm.host_transfer_time_s(shard * pb, gpu)
-    offload = np.where(p.offload_optimizer, cpu_step + params_up + np.maximum(0.0, grads_down - bwd), 0.0)
-    fetch = comm.host_transfer_time_s(2 * psi / shards * pb, gpu)
-    offload = offload + np.where(p.offload_params, ga * np.maximum(0.0, fetch - (fwd + bwd)), 0.0)
-    optimizer_step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
-    return dp_comm, offload, optimizer_step
 
 
 def estimate_table(

@@ -23,6 +23,9 @@ def test_fit_recovers_known_parameters_from_noisy_runs(truth):
     # Parameters not fitted keep the prior's values; the fit says what it was fit on.
     assert got["attention_backward_ratio"] == ModelParams()["attention_backward_ratio"]
     assert got.fit_runs == len(runs) and got.fit_on == ["source0", "source1", "source2"]
+    # Refit on the same runs from the fitted set: they are counted once, not twice.
+    again = fit(runs, got, NAMES, max_evaluations=5).params
+    assert again.fit_runs == len(runs) and again.fit_on == got.fit_on
     # And it predicts the runs to within the noise, where the prior is far off.
     measured = np.array([r.tokens_per_s_per_gpu for r in runs])
     fitted_err = np.abs(np.log(predict_runs(runs, got) / measured))
