@@ -197,7 +197,7 @@ def _times(
     # messages (§2.2.2; the slot's chunk compute is 1/v of the stage's, so the bubble is (pp − 1)/v · slot).
     v = p.virtual_stages
     crosses = p.dp * p.tp * p.cp >= cluster.gpus_per_node
-    p2p = _pipeline_send_s(model, cluster, p, tokens * model.hidden_size * d, crosses, gpu, net)
+    p2p = _pipeline_send_s(cluster, p, tokens * model.hidden_size * d, crosses, gpu, net)
     pp_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
@@ -225,7 +225,6 @@ def _times(
 
 
 def _pipeline_send_s(
-    model: ModelSpec,
     cluster: ClusterSpec,
     p: PlanTable,
     hidden_bytes: Num,
@@ -244,11 +243,11 @@ def _pipeline_send_s(
     tensor-parallel rank (runtime/pipe/engine.py `_exec_send_activations`).
     """
     megatron = p.engine == ENGINE_CODES.index("megatron")
-    split = (p.tp > 1) & (p.sequence_parallel | megatron)
-    send = comm.p2p_time_s(hidden_bytes / np.where(split, p.tp, 1), crosses, gpu, net)
-    gather = comm.all_gather_time_s(hidden_bytes, p.tp, 1, cluster.gpus_per_node, gpu, 1.0, net)
-    regather = split & megatron & ~p.sequence_parallel
-    return np.asarray(send + np.where(regather, gather, 0.0), dtype=float)
+    send = comm.p2p_time_s(
+        hidden_bytes / np.where(p.sequence_parallel | megatron, p.tp, 1), crosses, gpu, net
+    )
+    gather = comm.all_gather_time_s(hidden_bytes, p.tp, 1, cluster.gpus_per_node, gpu, 1.0, net)  # 0 at tp 1
+    return np.asarray(send + np.where(megatron & ~p.sequence_parallel, gather, 0.0), dtype=float)
 
 
 def _context_parallel_s(
