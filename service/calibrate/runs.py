@@ -94,7 +94,7 @@ class Measurement(BaseModel):
     sequence_parallel: bool = False
     virtual_stages: int = Field(1, gt=0)
     engine: Engine | None = Field(None, description="What ran it; default: its source's engine.")
-    precision: Literal["bf16", "fp16"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     measured: Measured
     reported_mfu: float | None = None
     approximate: bool = False

@@ -1,7 +1,14 @@
-"""FP8 (Transformer Engine): where it is allowed, what runs faster, what it costs in memory."""
+"""FP8 (Transformer Engine): where it is allowed, what runs faster, what it costs in memory, and its
+speed-up against published bf16/FP8 pairs."""
+
+import importlib.util
+import json
+from pathlib import Path
 
 import pytest
+import yaml
 
+from service.calibrate.runs import load_dataset
 from service.catalog import load_model
 from service.costmodel import estimate
 from service.spec import ClusterSpec, Plan, Workload, plan_problem
@@ -50,3 +57,36 @@ def test_fp8_weight_copies_and_amax_history():
     assert extra == pytest.approx(2 * matmul + amax)
     assert extra / 2**30 == pytest.approx(4.0, abs=0.1)  # ~2.1 B matmul params per GPU × 2 bytes
     assert fp8.memory_per_gpu_bytes.params == bf16.memory_per_gpu_bytes.params  # bf16 master params
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _benchmark():
+    """benchmarks/fp8_speedup.py as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("fp8_speedup", ROOT / "benchmarks" / "fp8_speedup.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fp8_speedup_matches_the_published_pairs(tmp_path):
+    """benchmarks/fp8_speedup.py: torchtitan's Llama 3.1 8B on 8 and 128 H100 in bf16 and Float8 (same
+    torch.compile stack) sped up 1.280× and 1.286×; the shipped model's speed-ups are within 10 %."""
+    out = tmp_path / "fp8.json"
+    assert _benchmark().main(["--out", str(out)]) == 0
+    pairs = json.loads(out.read_text())["pairs"]
+    assert [round(p["measured_speedup"], 3) for p in pairs] == [1.280, 1.286]  # 8532/6667, 8380/6514
+    for p in pairs:
+        assert 1.0 < p["predicted_speedup"] < 2.0  # FP8 helps, and less than its 2× GEMM rate
+        assert abs(p["speedup_error"]) <= 0.10, p
+
+
+def test_a_pair_needs_one_row_of_each_precision(tmp_path):
+    data = yaml.safe_load((ROOT / "benchmarks" / "published" / "fp8_pairs.yaml").read_text())
+    data["measurements"][1]["precision"] = "bf16"  # two bf16 rows of the 8-GPU setup
+    bad = tmp_path / "pairs.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="torchtitan-h100-llama3-8b-n8-compile-bf16: a pair is one bf16"):
+        _benchmark().pairs(load_dataset(bad))
