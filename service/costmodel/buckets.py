@@ -19,6 +19,7 @@ The updated parameters come back in one call per parameter group (`all_gather_dp
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def greedy_calls(tensors: list[float], bucket: float) -> int:
 @functools.lru_cache(maxsize=256)
 def _reduce_calls(model: ModelSpec, tp: int, pp: int, bucket: float) -> int:
     """Calls on the busiest stage (first or last) of a pipeline of `pp` stages."""
-    blocks = block_tensor_elements(model, tp) * round(model.num_layers / pp)
+    blocks = block_tensor_elements(model, tp) * math.ceil(model.num_layers / pp)  # memory.stage_layers
     embedding = [float(model.vocab_size * model.hidden_size)]  # whole on every TP rank (memory.py)
     head = [float(model.hidden_size)] + (
         [] if model.tie_word_embeddings and pp == 1 else [model.vocab_size * model.hidden_size / tp]

@@ -49,7 +49,7 @@ def comm_offload_and_optimizer_s(
     # module (DeepSpeed's per-submodule fetch); FSDP one flat parameter per block.
     bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
     buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
-    blocks = model.num_layers / p.pp
+    blocks = mem.stage_layers(model.num_layers, p.pp)[0]  # the busiest stage's
     modules = blocks * (7 if model.mlp == "swiglu" else 4)
     fsdp = p.engine == ENGINE_CODES.index("fsdp")
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))

@@ -74,7 +74,7 @@ def _memory(
     """Memory of the first and of the last pipeline stage (the same stage when pp = 1)."""
     d = mem.activation_bytes_per_element(p.precision)
     tokens = p.micro_batch * workload.seq_len / p.cp  # a context-parallel rank's share of the sequence
-    layers = model.num_layers / p.pp
+    first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp)
     s = workload.seq_len
     flash = workload.flash_attention
     per_layer = mem.activation_bytes_per_token_per_layer(
@@ -94,7 +94,8 @@ def _memory(
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp)
     stages = []
-    for psi, micro_batches, is_last in ((first_psi, in_flight, p.pp == 1), (last_psi, 1, True)):
+    first = (first_psi, first_layers, in_flight, p.pp == 1)
+    for psi, layers, micro_batches, is_last in (first, (last_psi, last_layers, 1, True)):
         params, grads, optimizer, cpu = _model_states(model, p, psi)
         logits = np.where(is_last, tokens * logits_per_token, 0.0)
         transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, d), 0.0)
@@ -102,7 +103,7 @@ def _memory(
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
         matmul = (model.attention_params_per_layer + model.mlp_params_per_layer) / p.tp * layers
         matmul = matmul / np.where(p.zero_stage == 3, hz.shard_ranks(p), 1)
-        buffers = buffers + fp8.extra_memory_bytes(model, matmul, p.pp, p.precision)
+        buffers = buffers + fp8.extra_memory_bytes(matmul, layers, p.precision)
         # ZeRO-1/2 with optimizer offload stages each gradient through a device buffer the size of the
         # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
@@ -149,7 +150,7 @@ def _times(
     peak = _peak_tflops(gpu, p.precision) * 1e12  # bf16 for fp8 plans: only block GEMMs run in FP8
     gemm_peak, gemm_d = fp8.gemm_peak_flops(p.precision, gpu, peak), fp8.gemm_operand_bytes(p.precision, d)
     tokens = p.micro_batch * s / p.cp  # a context-parallel rank's share (costmodel/context.py)
-    layers = model.num_layers / p.pp
+    layers = mem.stage_layers(model.num_layers, p.pp)[0]  # the busiest stage sets the pace
     gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
     flash = workload.flash_attention
     ring = context.is_ring(p.engine)

@@ -55,8 +55,9 @@ def cast_bytes_per_token_per_layer(model: ModelSpec, tp: Num, precision: Num) ->
     return np.where(is_fp8(precision), 3.0 * (2 * h + (h + f) / tp), 0.0)
 
 
-def extra_memory_bytes(model: ModelSpec, matmul_params_on_gpu: Num, pp: Num, precision: Num) -> Num:
-    """FP8 weight copies (2 bytes per matmul parameter held) plus the amax histories of the stage."""
-    tensors = model.num_layers / pp * GEMMS_PER_LAYER * FP8_TENSORS_PER_GEMM
+def extra_memory_bytes(matmul_params_on_gpu: Num, stage_layers: Num, precision: Num) -> Num:
+    """FP8 weight copies (2 bytes per matmul parameter held) plus the amax histories of the stage's
+    `stage_layers` blocks."""
+    tensors = np.asarray(stage_layers) * GEMMS_PER_LAYER * FP8_TENSORS_PER_GEMM
     extra = FP8_WEIGHT_COPY_BYTES * matmul_params_on_gpu + tensors * AMAX_HISTORY_LEN * 4
     return np.where(is_fp8(precision), extra, 0.0)

@@ -63,20 +63,37 @@ def layer_params_per_gpu(model: ModelSpec, tp: Num) -> Num:
     return matrices / tp + 2 * model.hidden_size
 
 
+def stage_layers(num_layers: int, pp: Num) -> tuple[np.ndarray, np.ndarray]:
+    """Transformer blocks on the first and on the last of `pp` pipeline stages.
+
+    Stages are as even as the block count allows: when pp does not divide it, the first L mod pp stages
+    hold one block more, as DeepSpeed's PipelineModule splits them (runtime/utils.py
+    `partition_uniform` and `partition_balanced` over unit weights put the extra blocks first). The
+    first stage is then the busiest: its blocks set the pipeline's pace and its memory holds the most
+    micro-batches. Interleaved stages (virtual_stages > 1) stay even (a plan rule). Megatron-Core and
+    torchtitan let one place uneven blocks by hand; the model prices them with the same layout.
+    """
+    pp = np.asarray(pp)
+    first = np.ceil(num_layers / pp)
+    last = np.where(pp == 1, float(num_layers), np.floor(num_layers / pp))
+    return first, last
+
+
 def stage_params_per_gpu(model: ModelSpec, tp: Num, pp: Num) -> tuple[np.ndarray, np.ndarray]:
     """Parameters per GPU on the first and on the last pipeline stage (before ZeRO).
 
-    Layers split evenly (pp divides num_layers). The first stage also holds the input embedding, the
+    Blocks split as `stage_layers` says. The first stage also holds the input embedding, the
     last the final norm and the output projection (a copy of the embedding when tied and pp > 1, as
     DeepSpeed's TiedLayerSpec keeps one on each end). Tensor parallelism
     (service/train/tensor_parallel.py) splits the output projection by tp but keeps the input embedding
     whole on every TP rank (measured on the proxy, tests/train).
     """
     vocab = model.vocab_size * model.hidden_size
-    layers = layer_params_per_gpu(model, tp) * (model.num_layers / pp)
+    first_layers, last_layers = stage_layers(model.num_layers, pp)
+    block = layer_params_per_gpu(model, tp)
     head = np.where(model.tie_word_embeddings & (pp == 1), 0.0, vocab / tp) + model.hidden_size
-    first = layers + vocab + np.where(pp == 1, head, 0.0)
-    last = np.where(pp == 1, first, layers + head)
+    first = block * first_layers + vocab + np.where(pp == 1, head, 0.0)
+    last = np.where(pp == 1, first, block * last_layers + head)
     return first, last
 
 
@@ -85,7 +102,7 @@ def zero3_persistent_params(model: ModelSpec, tp: Num, pp: Num) -> Num:
     `stage3_param_persistence_threshold` (DeepSpeed stage3 config), here the norm weights."""
     threshold = ZeroKnobs.for_model(model).stage3_param_persistence_threshold
     h = model.hidden_size
-    norms = 2 * h * (model.num_layers / pp) + h * (pp == 1)
+    norms = 2 * h * stage_layers(model.num_layers, pp)[0] + h * (np.asarray(pp) == 1)
     small = norms if h < threshold else np.zeros_like(norms, dtype=float)
     return np.asarray(small, dtype=float) * np.ones_like(tp, dtype=float)
 

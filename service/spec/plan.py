@@ -240,8 +240,9 @@ def plan_problem(
     """The first reason `plan` cannot run `model` on `cluster` for `workload`, as (field, message).
 
     Checks dp·tp·pp·cp = GPUs, tp divides attention and KV heads and fits in one node (TP all-reduces
-    every layer and needs NVLink), cp fits the engine's context-parallel rule, pp divides the layers
-    (stages are even; uneven splits are not modelled), the batch split matches the workload's global
+    every layer and needs NVLink), cp fits the engine's context-parallel rule, every stage holds a block
+    (pp ≤ layers; uneven stages are priced as costmodel/memory.py `stage_layers` lays them out, and
+    interleaved chunks must be even), the batch split matches the workload's global
     batch and the sequence splits into the engine's context-parallel chunks.
     """
     own = _plan_only_problem(plan)
@@ -255,9 +256,9 @@ def plan_problem(
     if rule.heads_divisible and (model.num_attention_heads // plan.tp) % plan.cp:
         heads = model.num_attention_heads // plan.tp
         return "cp", f"Ulysses cp {plan.cp} does not divide the {heads} attention heads per TP rank"
-    if model.num_layers % (plan.pp * plan.virtual_stages):
-        if plan.virtual_stages == 1:
-            return "pp", f"pp {plan.pp} does not divide num_layers {model.num_layers}"
+    if plan.pp > model.num_layers:
+        return "pp", f"pp {plan.pp} exceeds num_layers {model.num_layers}: a stage would hold no block"
+    if plan.virtual_stages > 1 and model.num_layers % (plan.pp * plan.virtual_stages):
         chunks = plan.pp * plan.virtual_stages
         return "virtual_stages", f"pp·virtual_stages = {chunks} does not divide num_layers {model.num_layers}"
     zero_ranks = plan.dp * plan.cp  # the ranks ZeRO shards over (costmodel/context.py)

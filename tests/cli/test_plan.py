@@ -30,7 +30,7 @@ def write_experiment(tmp_path: Path, name: str, edit) -> Path:
 def test_plan_prints_aligned_table_and_selection(capsys):
     assert main(["plan", str(EXPERIMENT), "--top", "5"]) == 0
     out = capsys.readouterr().out
-    assert "64,680 candidate plans, 4,497 valid plans scored" in out
+    assert "64,680 candidate plans, 4,812 valid plans scored" in out
     assert "selected: dp" in out and "memory per GPU (GiB)" in out
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("#  plan"))
@@ -56,7 +56,7 @@ def test_plan_json_has_the_contract_fields(capsys):
     assert len(data["ranked"]) == 3 and data["ranked"][0] == selected
     dollars = [r["dollars"] for r in data["ranked"]]
     assert dollars == sorted(dollars)  # objective: cost
-    assert data["plans_evaluated"] == 4497 and data["candidates"] == 64680
+    assert data["plans_evaluated"] == 4812 and data["candidates"] == 64680
     assert sum(data["rejected_counts"].values()) + 1 == data["candidates"]
     assert data["rejected_counts"]["over memory"] > 0
 
@@ -173,7 +173,7 @@ def test_plan_ranks_the_engines_the_experiment_lists(tmp_path, capsys):
     assert engines == {"megatron", "fsdp"}  # no deepspeed plan: the experiment did not list it
     assert main(["plan", str(path), "--engines", "deepspeed", "--top", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["plans_evaluated"] == 4497 and {r["plan"]["engine"] for r in data["ranked"]} == {"deepspeed"}
+    assert data["plans_evaluated"] == 4812 and {r["plan"]["engine"] for r in data["ranked"]} == {"deepspeed"}
     assert main(["plan", str(path), "--engines", "torch"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--engines" in err and "allowed: deepspeed, fsdp" in err

@@ -184,6 +184,27 @@ def test_stage_params_sum_to_the_model():
     assert first[2] == pytest.approx((model.num_params - norms - embedding) / 2 + norms + embedding)
 
 
+@pytest.mark.parametrize(("layers", "pp"), [(40, 1), (40, 8), (40, 16), (40, 32), (126, 16), (5, 2)])
+def test_uneven_stages_are_laid_out_as_deepspeed_splits_them(layers, pp):
+    """The first and last stage's blocks: DeepSpeed's PipelineModule (`partition_method="type:..."`,
+    unit weights on the blocks, none on the embedding and head) puts the extra blocks first."""
+    from deepspeed.runtime.utils import partition_balanced
+
+    weights = [0] + [1] * layers + [0]
+    parts = partition_balanced(weights=weights, num_parts=pp)
+    blocks = [sum(weights[parts[i] : parts[i + 1]]) for i in range(pp)]
+    first, last = mem.stage_layers(layers, np.array([pp]))
+    assert (first[0], last[0]) == (blocks[0], blocks[-1]) == (max(blocks), min(blocks))
+
+
+def test_uneven_stage_params_sum_to_the_model():
+    model = load_model("llama2-13b")  # 40 layers over 16 stages: 8 stages of 3 blocks, 8 of 2
+    first, last = mem.stage_params_per_gpu(model, 1, np.array([16]))
+    block = model.params_per_layer
+    assert first[0] + last[0] + 7 * 3 * block + 7 * 2 * block == pytest.approx(model.num_params)
+    assert first[0] - model.vocab_size * model.hidden_size == pytest.approx(3 * block)
+
+
 def test_pipeline_in_flight_micro_batches():
     assert list(mem.micro_batches_in_flight(np.array([1, 4, 4]), np.array([8, 8, 2]))) == [1, 4, 2]
 

@@ -262,3 +262,22 @@ def test_deepspeed_gradient_buckets_are_packed_tensor_by_tensor():
         gradient_reduce_calls(tiny, [2], [1], bucket)[0] < 30
         and gradient_reduce_calls(tiny, [1], [2], bucket)[0] < 30
     )
+
+
+def test_an_uneven_pipeline_runs_at_the_pace_of_its_busiest_stage():
+    """Llama-2-13B's 40 layers on 16 stages: the first 8 hold 3 blocks, the rest 2 (memory.stage_layers).
+    Every micro-batch slot takes as long as on a 48-layer model with 3 blocks on every stage, so the two
+    step times match; the 48-layer model does 20 % more work in that time."""
+    model = load_model("llama2-13b")
+    deeper = model.model_copy(update={"num_layers": 48})
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    workload = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=1e9)
+    plan = Plan(dp=2, pp=16, zero_stage=1, micro_batch=1, grad_accum=64)
+    uneven, even = estimate(model, cluster, plan, workload), estimate(deeper, cluster, plan, workload)
+    assert uneven.step_time_s == pytest.approx(even.step_time_s, rel=1e-6)
+    assert even.mfu / uneven.mfu == pytest.approx(
+        model_flops_per_token(deeper, 4096) / model_flops_per_token(model, 4096), rel=1e-6
+    )
+    assert uneven.memory_per_gpu_bytes == even.memory_per_gpu_bytes  # the first stage, the busiest
+    halved = estimate(model, cluster, plan.model_copy(update={"pp": 8, "dp": 4, "grad_accum": 32}), workload)
+    assert halved.step_time_s < uneven.step_time_s  # 5 blocks per stage and a shorter bubble
