@@ -181,15 +181,21 @@ def _times(
 
     # Tensor parallel: 2 all-reduces of the block's activations in forward, 2 in backward, 2 more when
     # the forward is recomputed (Megatron-LM §3; with sequence parallelism the same volume as
-    # all-gather + reduce-scatter, Korthikanti §4.2.2). Not overlapped.
+    # all-gather + reduce-scatter, Korthikanti §4.2.2), on the critical path; Megatron hides some of
+    # the backward ones behind weight-gradient GEMMs (`_megatron_tp_backward_s`).
     tp_messages = 4 + 2 * (p.recompute == 2)
     cp_mb = _context_parallel_s(model, cluster, p, tokens, d, attention_layer, params, gpu, net) * layers
-    tp_mb = (
-        tp_messages
-        * layers
-        * comm.all_reduce_time_s(
-            tokens * model.hidden_size * d, p.tp, 1, cluster.gpus_per_node, gpu, links=net
-        )
+    tp_ar = comm.all_reduce_time_s(
+        tokens * model.hidden_size * d, p.tp, 1, cluster.gpus_per_node, gpu, links=net
+    )
+    # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
+    contention = params["overlap_contention"] if workload.overlap_comm else 1.0
+    megatron = (p.engine == ENGINE_CODES.index("megatron")) & (p.tp > 1)
+    tp_mb = np.where(
+        megatron,
+        (tp_messages - 2) * layers * tp_ar
+        + _megatron_tp_backward_s(model, p, tp_ar, gemm / layers, contention) * layers,
+        tp_messages * layers * tp_ar,
     )
 
     # Pipeline: activations forward and their gradients backward across each stage boundary, and the
@@ -203,8 +209,6 @@ def _times(
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
 
-    # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
-    contention = params["overlap_contention"] if workload.overlap_comm else 1.0
     dp_comm, offload, optimizer_step = data_parallel.comm_offload_and_optimizer_s(
         model, cluster, p, fwd, bwd, gpu, net, contention
     )
@@ -223,6 +227,34 @@ def _times(
         "offload": offload,
         "overhead": np.asarray(overhead, dtype=float),
     }
+
+
+def _megatron_tp_backward_s(
+    model: ModelSpec, p: PlanTable, all_reduce_s: Num, layer_gemm_s: Num, contention: float
+) -> np.ndarray:
+    """One block's backward tensor-parallel communication as Megatron-LM runs it, per micro-batch.
+
+    The column-parallel layers (QKV and the MLP's first matrix) launch their input-gradient all-reduce
+    asynchronously and compute their weight gradient while it runs; with sequence parallelism that
+    collective is a reduce-scatter, and the all-gather of the layer's input that the weight gradient
+    needs runs behind the input-gradient GEMM (megatron/core/tensor_parallel/layers.py,
+    `LinearWithGradAccumulationAndAsyncCommunication.backward`; Korthikanti et al. 2022 §4.2.2). What
+    stays on the critical path with SP is the all-gather of the output gradient before the
+    row-parallel layers (half of an all-reduce each). The hidden part costs `contention` of its time
+    (`comm.overlapped_exposed_s`) and whatever outlasts the GEMMs behind it: the weight-gradient GEMMs
+    of the column-parallel layers, a share of the block's GEMM time by their parameters (twice that with
+    SP, the input-gradient GEMMs too).
+    """
+    h, kv = model.hidden_size, model.kv_heads * model.head_dim
+    column = h * (h + 2 * kv) + (model.mlp_matrices - 1) * h * model.ffn_hidden_size
+    window = layer_gemm_s * column / (model.attention_params_per_layer + model.mlp_params_per_layer)
+    sp = np.asarray(p.sequence_parallel, dtype=bool)
+    # Without SP: 2 all-reduces hidden. With SP: 2 reduce-scatters and 2 input all-gathers (one
+    # all-reduce's volume each pair) hidden, 2 output-gradient all-gathers exposed.
+    hidden = 2 * all_reduce_s
+    exposed = np.where(sp, all_reduce_s, 0.0)
+    overlapped = comm.overlapped_exposed_s(hidden, np.where(sp, 2 * window, window), contention)
+    return np.asarray(exposed + overlapped, dtype=float)
 
 
 def _pipeline_send_s(
