@@ -51,7 +51,8 @@ def greedy_calls(tensors: list[float], bucket: float) -> int:
 @functools.lru_cache(maxsize=256)
 def _reduce_calls(model: ModelSpec, tp: int, pp: int, bucket: float) -> int:
     """Calls on the busiest stage (first or last) of a pipeline of `pp` stages."""
-    blocks = block_tensor_elements(model, tp) * math.ceil(model.num_layers / pp)  # memory.stage_layers
+    # The busiest stage's blocks (memory.stage_layers without interleaving: DeepSpeed runs plain 1F1B).
+    blocks = block_tensor_elements(model, tp) * math.ceil(model.num_layers / pp)
     embedding = [float(model.vocab_size * model.hidden_size)]  # whole on every TP rank (memory.py)
     head = [float(model.hidden_size)] + (
         [] if model.tie_word_embeddings and pp == 1 else [model.vocab_size * model.hidden_size / tp]

@@ -42,14 +42,14 @@ def comm_offload_and_optimizer_s(
     """
     gpn = cluster.gpus_per_node
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp))
+    psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages))
     grads_b, params_b = psi * gb, psi * pb
     # Stages 0-2 reduce gradients in buckets (costmodel/buckets.py: a greedy packing of the tensors) and
     # gather the updated parameters in one call; stage 3 gathers each block's weight matrices module by
     # module (DeepSpeed's per-submodule fetch); FSDP one flat parameter per block.
     bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
     buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
-    blocks = mem.stage_layers(model.num_layers, p.pp)[0]  # the busiest stage's
+    blocks = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage's
     modules = blocks * (7 if model.mlp == "swiglu" else 4)
     fsdp = p.engine == ENGINE_CODES.index("fsdp")
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))

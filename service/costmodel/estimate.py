@@ -52,7 +52,7 @@ def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.n
     pb, gb, ob = mem.state_bytes_per_param(p.precision, p.zero_stage)
     shards = hz.shard_ranks(p)  # dp·cp ranks, or MiCS's shard group (costmodel/hierarchical_zero.py)
     params, grads, optimizer = mem.zero_sharded_bytes(psi, shards, p.zero_stage, pb, gb, ob)
-    persistent = mem.zero3_persistent_params(model, p.tp, p.pp)
+    persistent = mem.zero3_persistent_params(model, p.tp, p.pp, p.virtual_stages)
     params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / shards), params)
     params = params + hz.hpz_secondary_bytes(psi - persistent, pb, p.zero_hpz_partition_size)
     # ZeRO-Offload keeps optimizer states (and, from stage 2, the fp32 gradient partition) on the host;
@@ -74,7 +74,7 @@ def _memory(
     """Memory of the first and of the last pipeline stage (the same stage when pp = 1)."""
     d = mem.activation_bytes_per_element(p.precision)
     tokens = p.micro_batch * workload.seq_len / p.cp  # a context-parallel rank's share of the sequence
-    first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp)
+    first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
     s = workload.seq_len
     flash = workload.flash_attention
     per_layer = mem.activation_bytes_per_token_per_layer(
@@ -92,7 +92,7 @@ def _memory(
     pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
     logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, p.sequence_parallel)
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp)
+    first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages)
     stages = []
     first = (first_psi, first_layers, in_flight, p.pp == 1)
     for psi, layers, micro_batches, is_last in (first, (last_psi, last_layers, 1, True)):
@@ -150,7 +150,7 @@ def _times(
     peak = _peak_tflops(gpu, p.precision) * 1e12  # bf16 for fp8 plans: only block GEMMs run in FP8
     gemm_peak, gemm_d = fp8.gemm_peak_flops(p.precision, gpu, peak), fp8.gemm_operand_bytes(p.precision, d)
     tokens = p.micro_batch * s / p.cp  # a context-parallel rank's share (costmodel/context.py)
-    layers = mem.stage_layers(model.num_layers, p.pp)[0]  # the busiest stage sets the pace
+    layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage sets the pace
     gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
     flash = workload.flash_attention
     ring = context.is_ring(p.engine)

@@ -63,23 +63,28 @@ def layer_params_per_gpu(model: ModelSpec, tp: Num) -> Num:
     return matrices / tp + 2 * model.hidden_size
 
 
-def stage_layers(num_layers: int, pp: Num) -> tuple[np.ndarray, np.ndarray]:
+def stage_layers(num_layers: int, pp: Num, virtual_stages: Num = 1) -> tuple[np.ndarray, np.ndarray]:
     """Transformer blocks on the first and on the last of `pp` pipeline stages.
 
-    Stages are as even as the block count allows: when pp does not divide it, the first L mod pp stages
-    hold one block more, as DeepSpeed's PipelineModule splits them (runtime/utils.py
-    `partition_uniform` and `partition_balanced` over unit weights put the extra blocks first). The
-    first stage is then the busiest: its blocks set the pipeline's pace and its memory holds the most
-    micro-batches. Interleaved stages (virtual_stages > 1) stay even (a plan rule). Megatron-Core and
-    torchtitan let one place uneven blocks by hand; the model prices them with the same layout.
+    The blocks split into pp·v model chunks (v = virtual_stages; stage r holds chunks r, r + pp, ...,
+    Narayanan et al. 2021 §2.2.2) as evenly as their count allows: when pp·v does not divide it, the
+    first L mod pp·v chunks hold one block more, as DeepSpeed's PipelineModule splits stages
+    (runtime/utils.py `partition_uniform` and `partition_balanced` over unit weights put the extra blocks
+    first); torchtitan splits uneven stages and Megatron-Core takes a pipeline layout, and the model
+    prices them with this one. The first stage is then the busiest: its blocks set the pipeline's pace
+    and its memory holds the most micro-batches.
     """
-    pp = np.asarray(pp)
-    first = np.ceil(num_layers / pp)
-    last = np.where(pp == 1, float(num_layers), np.floor(num_layers / pp))
-    return first, last
+    pp, v = np.asarray(pp), np.asarray(virtual_stages)
+    chunks = pp * v
+    base, extra = num_layers // chunks, num_layers % chunks
+    first = v * base + np.minimum(v, np.ceil(extra / pp))
+    last = np.where(pp == 1, num_layers, v * base + extra // pp)
+    return np.asarray(first, dtype=float), np.asarray(last, dtype=float)
 
 
-def stage_params_per_gpu(model: ModelSpec, tp: Num, pp: Num) -> tuple[np.ndarray, np.ndarray]:
+def stage_params_per_gpu(
+    model: ModelSpec, tp: Num, pp: Num, virtual_stages: Num = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Parameters per GPU on the first and on the last pipeline stage (before ZeRO).
 
     Blocks split as `stage_layers` says. The first stage also holds the input embedding, the
@@ -89,7 +94,7 @@ def stage_params_per_gpu(model: ModelSpec, tp: Num, pp: Num) -> tuple[np.ndarray
     whole on every TP rank (measured on the proxy, tests/train).
     """
     vocab = model.vocab_size * model.hidden_size
-    first_layers, last_layers = stage_layers(model.num_layers, pp)
+    first_layers, last_layers = stage_layers(model.num_layers, pp, virtual_stages)
     block = layer_params_per_gpu(model, tp)
     head = np.where(model.tie_word_embeddings & (pp == 1), 0.0, vocab / tp) + model.hidden_size
     first = block * first_layers + vocab + np.where(pp == 1, head, 0.0)
@@ -97,12 +102,12 @@ def stage_params_per_gpu(model: ModelSpec, tp: Num, pp: Num) -> tuple[np.ndarray
     return first, last
 
 
-def zero3_persistent_params(model: ModelSpec, tp: Num, pp: Num) -> Num:
+def zero3_persistent_params(model: ModelSpec, tp: Num, pp: Num, virtual_stages: Num = 1) -> Num:
     """Parameters ZeRO-3 keeps whole on every rank: tensors smaller than
     `stage3_param_persistence_threshold` (DeepSpeed stage3 config), here the norm weights."""
     threshold = ZeroKnobs.for_model(model).stage3_param_persistence_threshold
     h = model.hidden_size
-    norms = 2 * h * stage_layers(model.num_layers, pp)[0] + h * (np.asarray(pp) == 1)
+    norms = 2 * h * stage_layers(model.num_layers, pp, virtual_stages)[0] + h * (np.asarray(pp) == 1)
     small = norms if h < threshold else np.zeros_like(norms, dtype=float)
     return np.asarray(small, dtype=float) * np.ones_like(tp, dtype=float)
 

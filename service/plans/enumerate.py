@@ -38,7 +38,7 @@ DEFAULT_MAX_MICRO_BATCH = 64
 # Largest context-parallel degree tried: Llama 3 405B's long-context stage ran cp 16 (Dubey et al. 2024,
 # "The Llama 3 Herd of Models", Table 4); cp beyond it leaves chunks too short to hide the passes.
 DEFAULT_MAX_CP = 16
-# Interleaved 1F1B chunks per stage tried for megatron plans (1 = plain 1F1B). NeMo's Llama-3-70B
+# Interleaved 1F1B chunks per stage tried for megatron and fsdp plans (1 = plain 1F1B). NeMo's Llama-3-70B
 # recipe runs pp 4 with 5 chunks per stage (80 layers); 2-4 are the usual choices (Narayanan et al.
 # 2021, §2.2.2; Korthikanti et al. 2022, Table 3, 3 chunks).
 DEFAULT_VIRTUAL_STAGES = (1, 2, 3, 4, 5)
@@ -72,8 +72,8 @@ _FLAGS = np.array([False, True])
 
 def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Sequence[int]) -> PlanTable:
     """One engine's rows: every shape × ZeRO stage × offload flags × sequence parallel (× interleaved
-    chunks for megatron, the only engine with an interleaved schedule)."""
-    vs = np.array(virtual_stages if engine == "megatron" else [1], dtype=np.int64)
+    chunks for megatron and fsdp; DeepSpeed's pipeline engine runs plain 1F1B only)."""
+    vs = np.array([1] if engine == "deepspeed" else virtual_stages, dtype=np.int64)
     shape_i, zero, off_opt, off_par, sp, v = _grid(
         np.arange(len(shapes)), np.arange(4), _FLAGS, _FLAGS, _FLAGS, vs
     )
@@ -217,7 +217,7 @@ def enumerate_plans(
     structure, and only the structures that pass are expanded into micro-batches × recompute policies.
     A rejected structure stands for micro-batches × policies rejected candidates in the counts.
     `max_cp`: the largest context-parallel degree tried (1 = none); `engines`: which engines' plans
-    (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron plans.
+    (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron and fsdp plans.
     """
     structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node)
     structure_codes = problem_codes(structures, model, cluster, workload=None)

@@ -34,12 +34,12 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("megatron offload", "offload_optimizer", "Megatron-LM does not offload"),
     ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
     ("virtual_stages without pp", "virtual_stages", "virtual_stages > 1 needs pp > 1"),
-    ("virtual_stages off megatron", "virtual_stages", "no interleaved pipeline schedule"),
+    ("virtual_stages on deepspeed", "virtual_stages", "no interleaved pipeline schedule"),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
     ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
     ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
     ("pp exceeds layers", "pp", "exceeds num_layers"),
-    ("pp·virtual_stages does not divide layers", "virtual_stages", "does not divide num_layers"),
+    ("pp·virtual_stages exceeds layers", "virtual_stages", "exceeds num_layers"),
     ("hpZ group does not divide dp·cp", "zero_hpz_partition_size", "does not divide the"),
     ("MiCS shard does not divide dp·cp", "mics_shard_size", "does not divide the"),
     ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
@@ -85,7 +85,7 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         megatron & (p.offload_optimizer | p.offload_params),
         p.sequence_parallel & (p.tp == 1),
         (p.virtual_stages > 1) & (p.pp == 1),
-        (p.virtual_stages > 1) & ~megatron,
+        (p.virtual_stages > 1) & ds,
     ]
 
 
@@ -100,14 +100,13 @@ def problem_codes(
     cp_rules = [CONTEXT_PARALLEL_RULES[e] for e in ENGINE_CODES]
     heads_rule = np.array([r.heads_divisible for r in cp_rules])[p.engine]
     chunks = p.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[p.engine]
-    split = model.num_layers % (p.pp * p.virtual_stages) != 0
     rules = [
         *_combination_rules(p),
         model.num_attention_heads % p.tp != 0,
         model.kv_heads % p.tp != 0,
         heads_rule & ((model.num_attention_heads // p.tp) % p.cp != 0),
         p.pp > model.num_layers,
-        split & (p.virtual_stages > 1),
+        p.pp * p.virtual_stages > model.num_layers,
         (p.dp * p.cp) % p.zero_hpz_partition_size != 0,
         (p.mics_shard_size > 0) & ((p.dp * p.cp) % np.maximum(p.mics_shard_size, 1) != 0),
     ]

@@ -166,8 +166,9 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "sequence_parallel", "sequence parallelism needs tp > 1"
     if plan.virtual_stages > 1 and plan.pp == 1:
         return "virtual_stages", "virtual_stages > 1 needs pp > 1"
-    if plan.virtual_stages > 1 and plan.engine != "megatron":
-        # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only; FSDP has no pipeline here.
+    if plan.virtual_stages > 1 and plan.engine == "deepspeed":
+        # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only; Megatron-LM interleaves, and
+        # torchtitan runs torch.distributed.pipelining's ScheduleInterleaved1F1B with FSDP.
         return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
     return None
 
@@ -240,9 +241,9 @@ def plan_problem(
     """The first reason `plan` cannot run `model` on `cluster` for `workload`, as (field, message).
 
     Checks dp·tp·pp·cp = GPUs, tp divides attention and KV heads and fits in one node (TP all-reduces
-    every layer and needs NVLink), cp fits the engine's context-parallel rule, every stage holds a block
-    (pp ≤ layers; uneven stages are priced as costmodel/memory.py `stage_layers` lays them out, and
-    interleaved chunks must be even), the batch split matches the workload's global
+    every layer and needs NVLink), cp fits the engine's context-parallel rule, every model chunk holds a block
+    (pp·virtual_stages ≤ layers; uneven chunks are priced as costmodel/memory.py `stage_layers` lays them
+    out), the batch split matches the workload's global
     batch and the sequence splits into the engine's context-parallel chunks.
     """
     own = _plan_only_problem(plan)
@@ -258,9 +259,9 @@ def plan_problem(
         return "cp", f"Ulysses cp {plan.cp} does not divide the {heads} attention heads per TP rank"
     if plan.pp > model.num_layers:
         return "pp", f"pp {plan.pp} exceeds num_layers {model.num_layers}: a stage would hold no block"
-    if plan.virtual_stages > 1 and model.num_layers % (plan.pp * plan.virtual_stages):
+    if plan.pp * plan.virtual_stages > model.num_layers:
         chunks = plan.pp * plan.virtual_stages
-        return "virtual_stages", f"pp·virtual_stages = {chunks} does not divide num_layers {model.num_layers}"
+        return "virtual_stages", f"pp·virtual_stages = {chunks} exceeds num_layers {model.num_layers}"
     zero_ranks = plan.dp * plan.cp  # the ranks ZeRO shards over (costmodel/context.py)
     if zero_ranks % plan.zero_hpz_partition_size:
         hpz = plan.zero_hpz_partition_size

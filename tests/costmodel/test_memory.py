@@ -197,6 +197,18 @@ def test_uneven_stages_are_laid_out_as_deepspeed_splits_them(layers, pp):
     assert (first[0], last[0]) == (blocks[0], blocks[-1]) == (max(blocks), min(blocks))
 
 
+@pytest.mark.parametrize(
+    ("layers", "pp", "v"), [(126, 8, 2), (80, 4, 5), (40, 8, 3), (126, 16, 4), (7, 2, 3)]
+)
+def test_interleaved_chunks_split_unevenly_put_their_extra_blocks_on_the_first_stages(layers, pp, v):
+    """pp·v chunks, the first L mod pp·v one block longer; stage r holds chunks r, r + pp, ... ."""
+    chunks = [layers // (pp * v) + (c < layers % (pp * v)) for c in range(pp * v)]
+    per_stage = [sum(chunks[r::pp]) for r in range(pp)]
+    first, last = mem.stage_layers(layers, np.array([pp]), np.array([v]))
+    assert sum(per_stage) == layers
+    assert (first[0], last[0]) == (per_stage[0], per_stage[-1]) and first[0] == max(per_stage)
+
+
 def test_uneven_stage_params_sum_to_the_model():
     model = load_model("llama2-13b")  # 40 layers over 16 stages: 8 stages of 3 blocks, 8 of 2
     first, last = mem.stage_params_per_gpu(model, 1, np.array([16]))

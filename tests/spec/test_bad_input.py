@@ -141,9 +141,9 @@ def test_plan_errors_name_the_field():
     cases = [
         (Plan(dp=2, tp=16, grad_accum=64), "plan.tp", "tp 16 does not divide num_attention_heads 40"),
         (
-            Plan(dp=8, pp=4, virtual_stages=3, engine="megatron", grad_accum=16),
+            Plan(pp=32, virtual_stages=2, engine="megatron", grad_accum=128),
             "plan.virtual_stages",
-            "pp·virtual_stages = 12 does not divide num_layers 40",
+            "pp·virtual_stages = 64 exceeds num_layers 40",
         ),
         (Plan(dp=16, grad_accum=8), "plan.dp", "dp·tp·pp·cp = 16 but the cluster has 32 GPUs"),
         (Plan(dp=32, grad_accum=3), "plan.grad_accum", "global batch is 128 sequences"),
