@@ -178,6 +178,12 @@ def test_deepspeed_plans_cannot_interleave():
     with pytest.raises(ValueError, match="virtual_stages > 1 needs pp > 1"):
         Plan(dp=32, virtual_stages=2)
     assert Plan(dp=4, pp=8).short() == "dp4-tp1-pp8-z0-mb1-ga1-rc:none"  # plain 1F1B keeps its label
+    # torchtitan interleaves FSDP pipelines (torch.distributed.pipelining's ScheduleInterleaved1F1B).
+    assert (
+        Plan(dp=4, pp=8, zero_stage=3, virtual_stages=2, engine="fsdp")
+        .short()
+        .startswith("fsdp:dp4-tp1-pp8v2")
+    )
 
 
 def test_fsdp_issues_one_collective_per_block_where_deepspeed_issues_one_per_bucket():
