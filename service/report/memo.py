@@ -1,8 +1,9 @@
 """The design memo, from a `RunResult` alone: one list of blocks rendered twice, as Markdown and as a
 self-contained HTML page (charts inlined as base64 PNG), so both say exactly the same numbers.
 
-Every number says where it comes from: [prior] the analytical cost model with the published-set
-parameters, [calibrated] the cost model after calibration on the proxies, [measured] a proxy run.
+Every number says where it comes from: [prior] the analytical cost model's own values (memory before
+the proxies calibrate it), [published fit] the cost model with a parameter set fit on published runs (the
+shipped one), [calibrated] the cost model after calibration on the proxies, [measured] a proxy run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from service.report.charts import draw_all
-from service.report.result import CALIBRATED, MEASURED, PRIOR, Interval, PlanRow, RunResult
+from service.report.result import CALIBRATED, MEASURED, PRIOR, PUBLISHED, Interval, PlanRow, RunResult
 
 GIB = 2**30
-SHORT_TAG = {PRIOR: "prior", CALIBRATED: "calibrated", MEASURED: "measured"}
+SHORT_TAG = {PRIOR: "prior", PUBLISHED: "published fit", CALIBRATED: "calibrated", MEASURED: "measured"}
 Block = tuple[Any, ...]
 
 
@@ -341,8 +342,9 @@ def blocks(r: RunResult) -> list[Block]:
         ("h1", f"Design memo: {r.experiment}"),
         (
             "p",
-            f"{r.created}. Tags: [prior] analytical cost model, published-set parameters; [calibrated] "
-            "after calibration on the proxies; [measured] measured on a proxy run.",
+            f"{r.created}. Tags: [prior] the analytical cost model's own values; [published fit] the cost "
+            "model with its parameters fit on published runs; [calibrated] after calibration on the "
+            "proxies; [measured] measured on a proxy run.",
         ),
     ]
     out += decision(r)

@@ -16,9 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.spec.record import Metrics
 
 PRIOR = "analytical prior"
+PUBLISHED = "fit on published runs"  # the shipped parameter set (benchmarks/published), not these proxies
 CALIBRATED = "calibrated on proxies"
 MEASURED = "measured"
-TAGS = (PRIOR, CALIBRATED, MEASURED)
+TAGS = (PRIOR, PUBLISHED, CALIBRATED, MEASURED)
 
 
 class Interval(BaseModel):

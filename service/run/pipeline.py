@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from service.report.result import Alternative, ProxyTrial, RunResult
+from service.report.result import CALIBRATED, PRIOR, PUBLISHED, Alternative, ProxyTrial, RunResult
 from service.run import calibration as cal
 from service.run.decide import FEASIBLE, Scored, best_cluster, score, sensitivity
 from service.run.goodput import checkpoint_bytes, goodput_record
@@ -159,7 +159,7 @@ class Run:
             extrap.widening,
             calibrated,
             {c.plan.short() for c in choices},
-            time_calibrated=on_gpu,
+            time_tag=time_provenance(on_gpu, prior),
         )
         selected = rows[0] if rows and rows[0].status == "selected" else None
         result = RunResult(
@@ -319,3 +319,12 @@ def _alternatives(spec: ExperimentSpec, scored: list[Scored], win: int | None) -
             )
         )
     return out
+
+
+def time_provenance(on_gpu: bool, prior: ModelParams) -> str:
+    """Where the time numbers come from: the proxies when they ran on the production GPU type (the time
+    terms were refit on them), else the parameter set `run` started from: a fit on published runs
+    (the shipped set) or, fit on nothing, the analytical prior."""
+    if on_gpu:
+        return CALIBRATED
+    return PUBLISHED if prior.fit_on else PRIOR

@@ -61,7 +61,7 @@ def plan_row(
     widening: float,
     calibrated: bool,
     validated: set[str],
-    time_calibrated: bool = False,
+    time_tag: str = PRIOR,
 ) -> PlanRow:
     est, plan = s.est, s.plans.row(row)
     e_act, e_state = memory_errors
@@ -70,7 +70,6 @@ def plan_row(
     spread = widening * (e_act * act + e_state * state)
     total = float(est.total_bytes[row])
     mem_tag = CALIBRATED if calibrated else PRIOR
-    time_tag = CALIBRATED if time_calibrated else PRIOR
     rank_hits = np.flatnonzero(s.selection.order == row)
     return PlanRow(
         label=plan.short(),
@@ -126,7 +125,7 @@ def memo_rows(
     widening: float,
     calibrated: bool,
     validated: set[str],
-    time_calibrated: bool = False,
+    time_tag: str = PRIOR,
 ) -> list[PlanRow]:
     """The rows the memo shows, chosen first, each once."""
     status = s.selection.status
@@ -154,7 +153,5 @@ def memo_rows(
         elif r == nominal or st == "selected":
             st = "less robust"
         reason = why(s, r, chosen, budget, st)
-        rows.append(
-            plan_row(s, r, st, reason, memory_errors, widening, calibrated, validated, time_calibrated)
-        )
+        rows.append(plan_row(s, r, st, reason, memory_errors, widening, calibrated, validated, time_tag))
     return rows

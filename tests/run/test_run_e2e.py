@@ -30,6 +30,11 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     assert r.calibration["status"] == "calibrated" and r.calibration["fitted"][0] == "activation_memory_scale"
     assert "gemm_efficiency_scale" in r.calibration["fitted"]
     assert r.predicted["tokens_per_s"]["tag"] == "calibrated on proxies"
+    from service.run.pipeline import time_provenance
+    from service.spec.params import ModelParams, load_params
+
+    assert time_provenance(False, load_params()) == "fit on published runs"  # the shipped set
+    assert time_provenance(False, ModelParams()) == "analytical prior"  # fit on nothing
     err = r.proxy_validation_error["activation_bytes_per_rank"]
     assert err["calibrated"] is not None and err["calibrated"] < 0.10
     ds = json.loads(Path(r.ds_config_path).read_text())
