@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--virtual-stages",
         type=_positive_int,
         default=1,
-        help="Interleaved 1F1B model chunks per pipeline stage (megatron only; default 1).",
+        help="Interleaved 1F1B model chunks per pipeline stage (megatron and fsdp; deepspeed runs plain "
+        "1F1B; default 1).",
     )
     a("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage.")
     a("--offload-optimizer", action="store_true", help="Optimizer states and step on CPU (ZeRO 1-3).")

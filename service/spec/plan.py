@@ -68,8 +68,9 @@ class Plan(BaseModel):
     virtual_stages: int = Field(
         1,
         gt=0,
-        description="Model chunks per pipeline stage (Megatron's interleaved 1F1B); DeepSpeed runs plain "
-        "1F1B (1). The bubble shrinks by this factor, pipeline traffic grows by it.",
+        description="Model chunks per pipeline stage (interleaved 1F1B: Megatron-LM, torchtitan's FSDP "
+        "pipelines); DeepSpeed runs plain 1F1B (1). The bubble shrinks by this factor, pipeline traffic "
+        "grows by it.",
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params."
