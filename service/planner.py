@@ -91,12 +91,21 @@ def rank_plans(
     precision: Precision = "bf16",
     params: ModelParams | None = None,
     engines: Sequence[Engine] = ("deepspeed",),
+    quantized_collectives: bool = False,
 ) -> Ranking:
     """Enumerates every valid plan of `engines`, scores them all with `estimate_table` under `params`
     (None = the shipped set), and selects under `budget`."""
     from service.costmodel import estimate_table
 
-    enumeration = enumerate_plans(model, cluster, workload, max_micro_batch, precision, engines=engines)
+    enumeration = enumerate_plans(
+        model,
+        cluster,
+        workload,
+        max_micro_batch,
+        precision,
+        engines=engines,
+        quantized_collectives=quantized_collectives,
+    )
     estimates = estimate_table(
         model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom, params=params
     )
@@ -176,7 +185,14 @@ class PlanResult:
         problem = plan_problem(plan, spec.model, spec.cluster, spec.workload)
         if problem:
             return f"invalid: {problem[0]}: {problem[1]}"
-        why = outside_space(plan, spec.cluster, spec.engines, self._max_micro_batch, self._precision)  # type: ignore[arg-type]
+        why = outside_space(
+            plan,
+            spec.cluster,
+            spec.engines,
+            self._max_micro_batch,
+            self._precision,  # type: ignore[arg-type]
+            spec.quantized_collectives,
+        )
         return f"not enumerated: {why or 'not a candidate of this enumeration'}"
 
 
@@ -264,6 +280,7 @@ class Planner:
             self.precision,
             self.params,
             spec.engines,
+            spec.quantized_collectives,
         )
         sel, plans, est = ranking.selection, ranking.enumeration.plans, ranking.estimates
 

@@ -93,6 +93,8 @@ class Measurement(BaseModel):
     recompute: Literal["none", "selective", "full"]
     sequence_parallel: bool = False
     virtual_stages: int = Field(1, gt=0)
+    comm_overlap: bool = Field(False, description="Megatron-Core's pipeline/DP overlaps (Plan.comm_overlap).")
+    tp_comm_overlap: bool = Field(False, description="Megatron-Core's TP overlap (Plan.tp_comm_overlap).")
     engine: Engine | None = Field(None, description="What ran it; default: its source's engine.")
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     measured: Measured
@@ -112,7 +114,8 @@ class Measurement(BaseModel):
 
     def plan_fields(self) -> dict[str, Any]:
         keys: tuple[str, ...] = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch", "grad_accum")
-        keys += ("recompute", "sequence_parallel", "virtual_stages", "precision")
+        keys += ("recompute", "sequence_parallel", "virtual_stages", "precision", "comm_overlap")
+        keys += ("tp_comm_overlap",)
         return {k: getattr(self, k) for k in keys}
 
 
@@ -233,6 +236,8 @@ class MeasuredRun(BaseModel):
             "grad_accum": p.grad_accum,
             "sequence_parallel": p.sequence_parallel,
             "virtual_stages": p.virtual_stages,
+            "comm_overlap": p.comm_overlap,
+            "tp_comm_overlap": p.tp_comm_overlap,
             "engine": ENGINE_CODES.index(p.engine),
             "recompute": RECOMPUTE_CODES.index(p.recompute),
             "precision": PRECISION_CODES.index(p.precision),
@@ -282,7 +287,7 @@ def _csv_dataset(path: Path) -> dict[str, Any]:
                     raise SpecError(
                         f"measurements.{i}.{k}", f"not an integer: {row[k]!r}", str(path)
                     ) from None
-        for k in ("sequence_parallel", "approximate"):
+        for k in ("sequence_parallel", "comm_overlap", "tp_comm_overlap", "approximate"):
             if k in row:
                 row[k] = row[k].lower() in ("1", "true", "yes")
         row.setdefault("ref", f"{path.name} row {i + 2}")

@@ -31,6 +31,8 @@ FLAGS = {
     "mics_shard_size": "--mics-shard-size",
     "zero_quantized_weights": "--zero-quantized-weights",
     "zero_quantized_gradients": "--zero-quantized-gradients",
+    "comm_overlap": "--comm-overlap",
+    "tp_comm_overlap": "--tp-comm-overlap",
 }
 
 
@@ -96,6 +98,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seq-len", type=_positive_int, default=4096, help="Tokens per sequence (default 4096).")
     a("--recompute", choices=("none", "selective", "full"), default="none", help="Activation recompute.")
     a("--sequence-parallel", action="store_true", help="Shard norm/dropout activations over TP (tp > 1).")
+    a(
+        "--comm-overlap",
+        action="store_true",
+        help="Megatron-Core's pipeline-send, gradient-reduce and parameter-gather overlaps (megatron).",
+    )
+    a(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="Megatron-Core's TE-userbuffer TP overlap (megatron, with --sequence-parallel).",
+    )
     a(
         "--precision",
         choices=("bf16", "fp16", "fp32", "fp8"),
@@ -177,6 +189,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         zero_hpz_partition_size=args.zero_hpz, mics_shard_size=args.mics_shard_size,
         zero_quantized_weights=args.zero_quantized_weights,
         zero_quantized_gradients=args.zero_quantized_gradients,
+        comm_overlap=args.comm_overlap, tp_comm_overlap=args.tp_comm_overlap,
     )  # fmt: skip
     if args.mics_shard_size < 0:
         raise SpecError("--mics-shard-size", f"must be 0 (off) or more, got {args.mics_shard_size}")

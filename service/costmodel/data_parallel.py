@@ -42,7 +42,9 @@ def comm_offload_and_optimizer_s(
     """
     gpn = cluster.gpus_per_node
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    psi = np.maximum(*mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages))
+    psi = np.maximum(
+        *mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, mem.vocab_parallel(p.engine))
+    )
     grads_b, params_b = psi * gb, psi * pb
     # Stages 0-2 reduce gradients in buckets (costmodel/buckets.py: a greedy packing of the tensors) and
     # gather the updated parameters in one call; stage 3 gathers each block's weight matrices module by
@@ -68,11 +70,16 @@ def comm_offload_and_optimizer_s(
     # (stage_1_and_2.py `average_tensor`: `use_multi_rank_bucket_allreduce`, on by default); FSDP and
     # Megatron's distributed optimizer reduce-scatter.
     reduce = np.where(p.engine == ENGINE_CODES.index("deepspeed"), ar, rs)
+    # Megatron-Core's --overlap-grad-reduce starts each gradient bucket's reduction as backward finishes
+    # it (DDP's all-reduce, or the distributed optimizer's reduce-scatter), and --overlap-param-gather
+    # gathers the updated parameters bucket by bucket ahead of the next step's forward
+    # (megatron/core/distributed/distributed_data_parallel.py, param_and_grad_buffer.py).
+    overlap = p.comm_overlap
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
         [
-            ar,
-            behind(reduce, bwd) + ag,
+            np.where(overlap, behind(ar, bwd), ar),
+            behind(reduce, bwd) + np.where(overlap, behind(ag, fwd), ag),
             ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
         ga * behind(z3.per_micro_batch, fwd + bwd) + z3.per_step,

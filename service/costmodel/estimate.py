@@ -77,11 +77,12 @@ def _memory(
     first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
     s = workload.seq_len
     flash = workload.flash_attention
+    te = p.engine == ENGINE_CODES.index("megatron")  # Megatron-Core builds its blocks from TE modules
     per_layer = mem.activation_bytes_per_token_per_layer(
-        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash
+        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
     )
     recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
-        model, p.tp, p.sequence_parallel, p.recompute, d, s
+        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
     )
     # Ulysses' extra saved tensors belong to the attention sub-block: selective and full recompute do
     # not keep them; full recompute re-creates them with the block in backward.
@@ -90,16 +91,22 @@ def _memory(
     recompute_peak = recompute_peak + tokens * np.where(p.recompute == 2, ulysses, 0.0)
     in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum, p.virtual_stages)
     pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
-    logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, p.sequence_parallel)
+    vocab_split = mem.vocab_parallel(p.engine)
+    logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, p.sequence_parallel, vocab_split)
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages)
+    first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, vocab_split)
+    # DeepSpeed's ZeRO buckets; FSDP's gather/reduce buffers are priced the same. Megatron's distributed
+    # optimizer reduces and gathers in place in its contiguous grad and param buffers (Megatron-Core
+    # `distributed/param_and_grad_buffer.py`), which the grads and params terms already count.
+    buckets = np.where(p.engine == ENGINE_CODES.index("megatron"), 0.0, 1.0)
     stages = []
     first = (first_psi, first_layers, in_flight, p.pp == 1)
     for psi, layers, micro_batches, is_last in (first, (last_psi, last_layers, 1, True)):
         params, grads, optimizer, cpu = _model_states(model, p, psi)
         logits = np.where(is_last, tokens * logits_per_token, 0.0)
-        transient = np.where(is_last, tokens * mem.logits_transient_bytes_per_token(model, d), 0.0)
-        buffers = pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
+        transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split)
+        transient = np.where(is_last, transient, 0.0)
+        buffers = buckets * pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
         matmul = (model.attention_params_per_layer + model.mlp_params_per_layer) / p.tp * layers
         matmul = matmul / np.where(p.zero_stage == 3, hz.shard_ranks(p), 1)
@@ -128,6 +135,9 @@ def effective_gpu(gpu: GPUSpec, params: ModelParams) -> GPUSpec:
         update={
             "gemm_efficiency_max": min(1.0, gpu.gemm_efficiency_max * params["gemm_efficiency_scale"]),
             "attention_efficiency": min(1.0, gpu.attention_efficiency * params["attention_efficiency_scale"]),
+            "fused_attention_efficiency": None
+            if gpu.fused_attention_efficiency is None
+            else min(1.0, gpu.fused_attention_efficiency * params["attention_efficiency_scale"]),
         }
     )
 
@@ -159,6 +169,13 @@ def _times(
     attention_layer = compute.attention_time_forward_s(
         model, tokens, s, p.tp, gpu, peak, d, flash, kernel_seq
     )
+    # Megatron-Core runs Transformer Engine's attention, cuDNN's fused kernel: on Hopper faster than the
+    # FlashAttention-2 the catalog's attention_efficiency describes (same FLOPs, forward and backward).
+    if flash and gpu.fused_attention_efficiency is not None:
+        te_speedup = gpu.fused_attention_efficiency / gpu.attention_efficiency
+        attention_layer = attention_layer / np.where(
+            p.engine == ENGINE_CODES.index("megatron"), te_speedup, 1.0
+        )
     attention = attention_layer * layers
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
     casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision) * layers
@@ -191,12 +208,22 @@ def _times(
     # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
     contention = params["overlap_contention"] if workload.overlap_comm else 1.0
     megatron = (p.engine == ENGINE_CODES.index("megatron")) & (p.tp > 1)
+    layer_gemm = gemm / layers
     tp_mb = np.where(
         megatron,
         (tp_messages - 2) * layers * tp_ar
-        + _megatron_tp_backward_s(model, p, tp_ar, gemm / layers, contention) * layers,
+        + _megatron_tp_backward_s(model, p, tp_ar, layer_gemm, contention) * layers,
         tp_messages * layers * tp_ar,
     )
+    # Megatron-Core's --tp-comm-overlap (Transformer Engine userbuffers) splits each TP collective into
+    # chunks pipelined with the GEMM that produces or consumes it, forward and backward (TE
+    # `module/base.py` `initialize_ub`; Wang et al. 2023, "Overlap communication with dependent computation
+    # via decomposition", ASPLOS '23): every TP collective runs behind the block's GEMMs (forward: the
+    # forward GEMMs; backward: the input- and weight-gradient GEMMs, twice as long).
+    forwards = 1 + (p.recompute == 2)
+    tp_overlapped = forwards * comm.overlapped_exposed_s(2 * tp_ar, layer_gemm, contention)
+    tp_overlapped = tp_overlapped + comm.overlapped_exposed_s(2 * tp_ar, 2 * layer_gemm, contention)
+    tp_mb = np.where(megatron & p.tp_comm_overlap, tp_overlapped * layers, tp_mb)
 
     # Pipeline: activations forward and their gradients backward across each stage boundary, and the
     # 1F1B bubble of (pp − 1) micro-batch slots (Narayanan et al. 2021, §2.2). The interleaved schedule
@@ -206,6 +233,11 @@ def _times(
     crosses = p.dp * p.tp * p.cp >= cluster.gpus_per_node
     p2p = _pipeline_send_s(cluster, p, tokens * model.hidden_size * d, crosses, gpu, net)
     pp_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
+    # --overlap-p2p-communication (interleaved schedule only): each chunk's sends and receives run while
+    # the next chunk computes (megatron/core/pipeline_parallel/schedules.py,
+    # `forward_backward_pipelining_with_interleaving`, `overlap_p2p_comm`).
+    p2p_hidden = p.comm_overlap & (v > 1)
+    pp_mb = np.where(p2p_hidden, comm.overlapped_exposed_s(pp_mb, fwd + bwd, contention), pp_mb)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from service.costmodel.types import Num
+from service.plans.table import ENGINE_CODES
 from service.spec.model import ModelSpec
 from service.spec.zero import ZeroKnobs
 
 FP32, BF16_FP16 = 4, 2
 PRECISION_FP32 = 2  # index of "fp32" in PRECISION_CODES
+PRECISION_FP8 = 3  # index of "fp8" in PRECISION_CODES
 
 
 def activation_bytes_per_element(precision: Num) -> Num:
@@ -82,8 +84,17 @@ def stage_layers(num_layers: int, pp: Num, virtual_stages: Num = 1) -> tuple[np.
     return np.asarray(first, dtype=float), np.asarray(last, dtype=float)
 
 
+def vocab_parallel(engine: Num) -> np.ndarray:
+    """Whether an engine splits the vocabulary over its TP ranks. Megatron does, in the input embedding
+    (`VocabParallelEmbedding`) and in the loss (vocab-parallel cross-entropy never gathers the logits;
+    Shoeybi et al. 2019, §3); so does torchtitan's TP plan (`tok_embeddings` RowwiseParallel, loss
+    parallel). The DeepSpeed proxy keeps the input embedding whole on every TP rank and gathers the
+    logits for the loss (service/train/tensor_parallel.py; measured, tests/train)."""
+    return np.asarray(engine) != ENGINE_CODES.index("deepspeed")
+
+
 def stage_params_per_gpu(
-    model: ModelSpec, tp: Num, pp: Num, virtual_stages: Num = 1
+    model: ModelSpec, tp: Num, pp: Num, virtual_stages: Num = 1, vocab_split: Num = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Parameters per GPU on the first and on the last pipeline stage (before ZeRO).
 
@@ -91,13 +102,15 @@ def stage_params_per_gpu(
     last the final norm and the output projection (a copy of the embedding when tied and pp > 1, as
     DeepSpeed's TiedLayerSpec keeps one on each end). Tensor parallelism
     (service/train/tensor_parallel.py) splits the output projection by tp but keeps the input embedding
-    whole on every TP rank (measured on the proxy, tests/train).
+    whole on every TP rank (measured on the proxy, tests/train); engines with `vocab_split`
+    (`vocab_parallel`) split it by tp too.
     """
     vocab = model.vocab_size * model.hidden_size
+    embedding = vocab / np.where(vocab_split, tp, 1)
     first_layers, last_layers = stage_layers(model.num_layers, pp, virtual_stages)
     block = layer_params_per_gpu(model, tp)
     head = np.where(model.tie_word_embeddings & (pp == 1), 0.0, vocab / tp) + model.hidden_size
-    first = block * first_layers + vocab + np.where(pp == 1, head, 0.0)
+    first = block * first_layers + embedding + np.where(pp == 1, head, 0.0)
     last = np.where(pp == 1, first, block * last_layers + head)
     return first, last
 
@@ -139,8 +152,15 @@ def activation_bytes_per_token_per_layer(
     d: Num,
     seq_len: int = 0,
     flash: bool = True,
+    precision: Num = 0,
+    te: Num = False,
 ) -> Num:
     """Bytes one transformer block saves for backward per token, on one TP rank.
+
+    `te`: the engine builds its blocks from Transformer Engine modules (Megatron-Core), counted by
+    `te_layer_bytes_per_token` for SwiGLU blocks. In FP8 (`precision`), TE saves the inputs of the
+    column-parallel GEMMs (QKV, MLP in) and of the MLP's output GEMM cast to FP8, 1 byte instead of d
+    (`fp8_saved_input_discount`).
 
     GPT-style blocks (`mlp: gelu`) follow Korthikanti et al. 2022 (see above), scaled by d/2.
     Llama blocks are counted tensor by tensor as Hugging Face implements them with fused (flash / SDPA)
@@ -160,18 +180,71 @@ def activation_bytes_per_token_per_layer(
     scores): its saved tensors go, the norms and the MLP keep theirs.
     Recompute 2 (full): only the block input, d·h (Chen et al. 2016; Korthikanti §5).
     """
+    discount = fp8_saved_input_discount(model, tp, sequence_parallel, recompute, d, precision)
     if model.mlp == "gelu":
-        return (
-            korthikanti_bytes_per_token_per_layer(model, seq_len, tp, sequence_parallel, recompute, flash)
-            * d
-            / 2
+        korthikanti = korthikanti_bytes_per_token_per_layer(
+            model, seq_len, tp, sequence_parallel, recompute, flash
         )
+        return korthikanti * d / 2 - discount
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
     norms = 2 * (FP32 + 2 * d) * h / np.where(sequence_parallel, tp, 1)
     attention = (d * (2 * h + 2 * kv) + FP32 * model.num_attention_heads) / tp
     mlp = 4 * d * f / tp
     full = d * h / np.where(sequence_parallel, tp, 1)
-    return np.select([recompute == 0, recompute == 1], [norms + attention + mlp, norms + mlp], full)
+    hf = np.select([recompute == 0, recompute == 1], [norms + attention + mlp, norms + mlp], full) - discount
+    if not np.any(te):
+        return hf
+    return np.where(te, te_layer_bytes_per_token(model, tp, sequence_parallel, recompute, d, precision), hf)
+
+
+def fp8_saved_input_discount(
+    model: ModelSpec, tp: Num, sequence_parallel: Num, recompute: Num, d: Num, precision: Num
+) -> Num:
+    """Bytes per token per layer FP8 saves on the GEMM inputs kept for backward: TE's `Linear` saves its
+    input cast to FP8 (1 byte) for the weight-gradient GEMM (transformer_engine/pytorch/module/linear.py).
+    The QKV and MLP-in inputs (h each, whole on a TP rank unless SP splits them) and the MLP-out input
+    (f/tp) shrink from d to 1 byte; the attention output stays in d (the fused attention keeps it for its
+    own backward). Selective recompute keeps only the MLP's two; full recompute saves no GEMM input."""
+    fp8 = np.asarray(precision) == PRECISION_FP8
+    h, f = model.hidden_size, model.ffn_hidden_size
+    split = np.where(sequence_parallel, tp, 1)
+    inputs = np.select([recompute == 0, recompute == 1], [2 * h / split + f / tp, h / split + f / tp], 0.0)
+    return np.where(fp8, (d - 1) * inputs, 0.0)
+
+
+def te_layer_bytes_per_token(
+    model: ModelSpec, tp: Num, sequence_parallel: Num, recompute: Num, d: Num, precision: Num = 0
+) -> Num:
+    """Bytes one block saves for backward per token on one TP rank as Megatron-Core builds it with
+    Transformer Engine modules, for the engines that run TE (`megatron`).
+
+    Counted tensor by tensor as for `activation_bytes_per_token_per_layer`, with TE's modules in place of
+    Hugging Face's. Column-parallel inputs (whole on each TP rank unless SP splits the sequence):
+      - each of the two norms is fused into the following GEMM (`LayerNormLinear`, `LayerNormMLP`): it
+        saves its input (d·h) and its output, the GEMM input (d·h; 1 byte per element in FP8, which TE
+        saves cast) — no fp32 copy of the input, which Hugging Face's RMSNorm keeps.
+    Split by tp:
+      - attention (fused, no scores): q, k, v and the output, d(2h + 2kv), plus an fp32 log-sum-exp per
+        head (4a); in FP8 the output projection also saves its FP8-cast input (1·h);
+      - MLP: the fc1 output the fused SwiGLU backward needs (d·2f) and fc2's input (d·f; 1·f in FP8);
+        GeLU MLPs keep fc1's output (d·f) and fc2's input (d·f, 1·f in FP8).
+    TE `module/layernorm_linear.py`, `layernorm_mlp.py`, `linear.py` (`ctx.save_for_backward`), Megatron-Core
+    `fusions/fused_bias_swiglu.py`. Selective recompute drops the attention sub-block's tensors, full keeps
+    the block input (d·h), as for the Hugging Face count."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    g = np.where(np.asarray(precision) == PRECISION_FP8, 1, d)  # bytes of a saved GEMM input
+    split = np.where(sequence_parallel, tp, 1)
+    attention_norm = (d + g) * h / split
+    mlp_norm = (d + g) * h / split
+    attention = (d * (2 * h + 2 * kv) + FP32 * model.num_attention_heads + (g < d) * h) / tp
+    gate = 2 if model.mlp == "swiglu" else 1
+    mlp = (d * gate * f + g * f) / tp
+    full = d * h / split
+    return np.select(
+        [recompute == 0, recompute == 1],
+        [attention_norm + attention + mlp_norm + mlp, mlp_norm + mlp],
+        full,
+    )
 
 
 def recompute_peak_bytes_per_token(
@@ -182,16 +255,25 @@ def recompute_peak_bytes_per_token(
     d: Num,
     seq_len: int = 0,
     flash: bool = True,
+    precision: Num = 0,
+    te: Num = False,
 ) -> Num:
     """Extra bytes alive while one block is recomputed in backward (full recompute re-creates that
     block's un-checkpointed activations; Korthikanti §5)."""
     zeros = np.zeros_like(recompute)
-    block = activation_bytes_per_token_per_layer(model, tp, sequence_parallel, zeros, d, seq_len, flash)
+    block = activation_bytes_per_token_per_layer(
+        model, tp, sequence_parallel, zeros, d, seq_len, flash, precision, te
+    )
     return np.where(recompute == 2, block, 0.0)
 
 
 def logits_bytes_per_token(
-    model: ModelSpec, d: Num, seq_len: int, tp: Num = 1, sequence_parallel: Num = False
+    model: ModelSpec,
+    d: Num,
+    seq_len: int,
+    tp: Num = 1,
+    sequence_parallel: Num = False,
+    vocab_split: Num = False,
 ) -> Num:
     """Bytes saved for backward by the output layer and loss, per token on the last stage: the final
     RMSNorm with its output, which is the output projection's input ((4 + 2d)·h), and the fp32
@@ -199,15 +281,16 @@ def logits_bytes_per_token(
     splits the output projection but gathers its logits, so the loss is whole on every TP rank.
     With sequence parallelism the final norm runs on the rank's s/t chunk and the output projection
     saves only that chunk (Megatron's `LinearWithGradAccumulationAndAsyncCommunication`, the proxy's
-    `_SequenceGatherLinear`), so the (4 + 2d)·h part is divided by t (Korthikanti et al. 2022 §4.2.2)."""
+    `_SequenceGatherLinear`), so the (4 + 2d)·h part is divided by t (Korthikanti et al. 2022 §4.2.2).
+    A vocab-parallel loss (`vocab_split`, see `vocab_parallel`) keeps V/t of the log-softmax per rank."""
     norm = (FP32 + 2 * d) * model.hidden_size / np.where(sequence_parallel, tp, 1)
-    return norm + FP32 * model.vocab_size * (seq_len - 1) / seq_len
+    return norm + FP32 * model.vocab_size / np.where(vocab_split, tp, 1) * (seq_len - 1) / seq_len
 
 
-def logits_transient_bytes_per_token(model: ModelSpec, d: Num) -> Num:
+def logits_transient_bytes_per_token(model: ModelSpec, d: Num, tp: Num = 1, vocab_split: Num = False) -> Num:
     """Bytes alive around the loss but not saved for backward: the logits themselves (d·V) and the
-    fp32 gradient of the log-softmax in backward (4·V)."""
-    return (d + FP32) * model.vocab_size
+    fp32 gradient of the log-softmax in backward (4·V); V/t of each under a vocab-parallel loss."""
+    return (d + FP32) * model.vocab_size / np.where(vocab_split, tp, 1)
 
 
 def micro_batches_in_flight(pp: Num, grad_accum: Num, virtual_stages: Num = 1) -> Num:

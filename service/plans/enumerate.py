@@ -93,22 +93,30 @@ def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Seque
         precision=ones * 0,
         virtual_stages=v,
         engine=ones * ENGINE_CODES.index(engine),
+        # A team choosing Megatron-Core runs it with its overlaps on, as NVIDIA's recipes do (the TP
+        # overlap where the rules allow it: with sequence parallelism).
+        comm_overlap=np.full(len(shape_i), engine == "megatron"),
+        tp_comm_overlap=(engine == "megatron") & sp,
     )
 
 
-def zero_variants(gpus_per_node: int, num_gpus: int) -> list[tuple[int, int, bool, bool]]:
+def zero_variants(
+    gpus_per_node: int, num_gpus: int, quantized: bool = False
+) -> list[tuple[int, int, bool, bool]]:
     """(hpZ size, MiCS shard, qwZ, qgZ) tried on DeepSpeed ZeRO-3 plans besides plain ZeRO-3: hpZ in a
-    node, ZeRO++'s full recipe (hpZ + qwZ + qgZ) and quantized collectives alone (no MiCS: DeepSpeed
-    0.19.8 has none). None on a single node: an hpZ group of a node is then plain ZeRO-3, and ZeRO++
-    targets the cross-node links (Wang et al. 2023 §1); the quantization kernels' own time is not
-    modelled, so they would look free over NVLink."""
+    node and, when `quantized` (the experiment's `quantized_collectives`), ZeRO++'s full recipe (hpZ +
+    qwZ + qgZ) and quantized collectives alone (no MiCS: DeepSpeed 0.19.8 has none). None on a single
+    node: an hpZ group of a node is then plain ZeRO-3, and ZeRO++ targets the cross-node links (Wang et
+    al. 2023 §1). Quantized collectives are opt-in: int8 weights and int4 gradients change what a step
+    computes, and the cost model does not price the quantization kernels, so they would win ties they
+    may not win."""
     n = gpus_per_node
     if num_gpus <= n:
         return []
-    return [(n, 0, False, False), (n, 0, True, True), (1, 0, True, True)]
+    return [(n, 0, False, False)] + ([(n, 0, True, True), (1, 0, True, True)] if quantized else [])
 
 
-def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int) -> PlanTable:
+def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int, quantized: bool) -> PlanTable:
     """`table` plus, for each of its ZeRO-3 rows, one row per `zero_variants` setting."""
     z3 = table.take(table.zero_stage == 3)
     extra = [
@@ -119,7 +127,7 @@ def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int) -> 
             zero_quantized_weights=np.full(len(z3), qw),
             zero_quantized_gradients=np.full(len(z3), qg),
         )
-        for hpz, mics, qw, qg in zero_variants(gpus_per_node, num_gpus)
+        for hpz, mics, qw, qg in zero_variants(gpus_per_node, num_gpus, quantized)
     ]
     return concat([table, *extra])
 
@@ -130,13 +138,14 @@ def _structures(
     engines: Sequence[Engine] = ("deepspeed",),
     virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
     gpus_per_node: int = 8,
+    quantized: bool = False,
 ) -> PlanTable:
     """The rows the structural rules look at, engine by engine: micro_batch 1, grad_accum 1, recompute
     none. DeepSpeed's ZeRO-3 rows also come with ZeRO++ and MiCS settings (`zero_variants`)."""
     shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
     tables = [_engine_structures(shapes, e, virtual_stages) for e in engines]
     tables = [
-        _with_zero_variants(t, gpus_per_node, num_gpus) if e == "deepspeed" else t
+        _with_zero_variants(t, gpus_per_node, num_gpus, quantized) if e == "deepspeed" else t
         for t, e in zip(tables, engines, strict=True)
     ]
     return concat(tables)
@@ -175,9 +184,12 @@ def candidate_table(
     max_cp: int = DEFAULT_MAX_CP,
     engines: Sequence[Engine] = ("deepspeed",),
     virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
+    quantized_collectives: bool = False,
 ) -> PlanTable:
     """The full cross product of choices for `cluster` (valid or not), one row per candidate."""
-    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node)
+    structures = _structures(
+        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives
+    )
     return _expand(structures, workload, max_micro_batch, _precisions(precision))
 
 
@@ -209,6 +221,7 @@ def enumerate_plans(
     max_cp: int = DEFAULT_MAX_CP,
     engines: Sequence[Engine] = ("deepspeed",),
     virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
+    quantized_collectives: bool = False,
 ) -> Enumeration:
     """Every valid plan for `model` on `cluster` with `workload`'s global batch.
 
@@ -217,9 +230,12 @@ def enumerate_plans(
     structure, and only the structures that pass are expanded into micro-batches × recompute policies.
     A rejected structure stands for micro-batches × policies rejected candidates in the counts.
     `max_cp`: the largest context-parallel degree tried (1 = none); `engines`: which engines' plans
-    (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron and fsdp plans.
+    (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron and fsdp plans;
+    `quantized_collectives`: also ZeRO++'s quantized weights and gradients (`zero_variants`).
     """
-    structures = _structures(cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node)
+    structures = _structures(
+        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives
+    )
     structure_codes = problem_codes(structures, model, cluster, workload=None)
     precisions = _precisions(precision)
     per_structure = len(micro_batches(max_micro_batch)) * 3 * len(precisions)
@@ -236,6 +252,7 @@ def outside_space(
     engines: Sequence[Engine] = ("deepspeed",),
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     precision: Precision | Sequence[Precision] = "bf16",
+    quantized_collectives: bool = False,
 ) -> str | None:
     """Which choice of a valid `plan` the enumeration does not try (None when it is a candidate)."""
     if plan.engine not in engines:
@@ -248,8 +265,18 @@ def outside_space(
         return f"the planner tries virtual_stages in {list(DEFAULT_VIRTUAL_STAGES)}"
     hpz, mics = plan.zero_hpz_partition_size, plan.mics_shard_size
     zero = (hpz, mics, plan.zero_quantized_weights, plan.zero_quantized_gradients)
-    if zero != (1, 0, False, False) and zero not in zero_variants(cluster.gpus_per_node, cluster.num_gpus):
+    variants = zero_variants(cluster.gpus_per_node, cluster.num_gpus, quantized_collectives)
+    if (plan.zero_quantized_weights or plan.zero_quantized_gradients) and not quantized_collectives:
+        return "the planner tries ZeRO++'s quantized collectives only with `quantized_collectives: true`"
+    if zero != (1, 0, False, False) and zero not in variants:
         return "the planner tries ZeRO++ / MiCS only as `zero_variants` lists them (multi-node clusters)"
+    if plan.engine == "megatron" and (
+        not plan.comm_overlap or plan.tp_comm_overlap != plan.sequence_parallel
+    ):
+        return (
+            "the planner tries megatron plans with Megatron-Core's overlaps on "
+            "(comm_overlap; tp_comm_overlap with sequence_parallel)"
+        )
     if plan.precision not in _precisions(precision):
         return f"the planner scored {', '.join(_precisions(precision))} plans only"
     return None

@@ -32,7 +32,10 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("fsdp offloads all or nothing", "offload_params", "FSDP's CPUOffload moves"),
     ("megatron zero_stage > 1", "zero_stage", "distributed optimizer is zero_stage 1"),
     ("megatron offload", "offload_optimizer", "Megatron-LM does not offload"),
+    ("comm_overlap off megatron", "comm_overlap", "needs engine megatron"),
+    ("tp_comm_overlap off megatron", "tp_comm_overlap", "TE userbuffers) needs engine megatron"),
     ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
+    ("tp_comm_overlap without sequence_parallel", "tp_comm_overlap", "needs sequence_parallel"),
     ("virtual_stages without pp", "virtual_stages", "virtual_stages > 1 needs pp > 1"),
     ("virtual_stages on deepspeed", "virtual_stages", "no interleaved pipeline schedule"),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
@@ -50,9 +53,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-14 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-18 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:15])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:19])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -83,7 +86,10 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         fsdp & (p.offload_optimizer != p.offload_params),
         megatron & (p.zero_stage > 1),
         megatron & (p.offload_optimizer | p.offload_params),
+        p.comm_overlap & ~megatron,
+        p.tp_comm_overlap & ~megatron,
         p.sequence_parallel & (p.tp == 1),
+        p.tp_comm_overlap & ~p.sequence_parallel,
         (p.virtual_stages > 1) & (p.pp == 1),
         (p.virtual_stages > 1) & ds,
     ]

@@ -40,6 +40,8 @@ class PlanTable:
     mics_shard_size: np.ndarray  # MiCS shard group (0 = off)
     zero_quantized_weights: np.ndarray  # ZeRO++ qwZ
     zero_quantized_gradients: np.ndarray  # ZeRO++ qgZ
+    comm_overlap: np.ndarray  # Megatron-Core's pipeline and data-parallel overlaps (megatron only)
+    tp_comm_overlap: np.ndarray  # Megatron-Core's TE-userbuffer TP overlap (megatron, with SP)
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -48,7 +50,7 @@ class PlanTable:
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
         """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` and
         `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed, the ZeRO++ / MiCS
-        columns to off."""
+        columns and the Megatron overlaps to off."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
         ints |= {"virtual_stages", "engine", "cp", "zero_hpz_partition_size", "mics_shard_size"}
         n = len(np.asarray(cols["dp"]))
@@ -59,6 +61,8 @@ class PlanTable:
         cols.setdefault("mics_shard_size", np.zeros(n, dtype=np.int64))
         cols.setdefault("zero_quantized_weights", np.zeros(n, dtype=bool))
         cols.setdefault("zero_quantized_gradients", np.zeros(n, dtype=bool))
+        cols.setdefault("comm_overlap", np.zeros(n, dtype=bool))
+        cols.setdefault("tp_comm_overlap", np.zeros(n, dtype=bool))
         return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
 
     @classmethod

@@ -80,10 +80,18 @@ def score(
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     precision: str = "bf16",
     enumeration: Enumeration | None = None,
+    quantized_collectives: bool = False,
 ) -> Scored:
     from service.costmodel import estimate_table
 
-    enum = enumeration or enumerate_plans(model, cluster, workload, max_micro_batch, precision)  # type: ignore[arg-type]
+    enum = enumeration or enumerate_plans(
+        model,
+        cluster,
+        workload,
+        max_micro_batch,
+        precision,  # type: ignore[arg-type]
+        quantized_collectives=quantized_collectives,
+    )
     raw = estimate_table(
         model, cluster, workload, enum.plans, memory_headroom=budget.memory_headroom, params=params
     )

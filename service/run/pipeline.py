@@ -125,7 +125,16 @@ class Run:
         started = time.time()
         spec, prior = self.spec, self.params
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        prior_scored = score(spec.model, spec.cluster, spec.workload, spec.budget, prior, spec.goodput)
+        quantized = spec.quantized_collectives
+        prior_scored = score(
+            spec.model,
+            spec.cluster,
+            spec.workload,
+            spec.budget,
+            prior,
+            spec.goodput,
+            quantized_collectives=quantized,
+        )
         proxy_exp, proxy_info = design_proxy(spec, self.device, self.devices or None)
         on_gpu = same_device(proxy_info["device"], spec.cluster.gpu.name, self.device_name)
         proxy_info.update(time_terms_for(proxy_info, on_gpu))
@@ -146,7 +155,18 @@ class Run:
         extrap = cal.extrapolation(spec, proxy_exp, proxy_info)
         errors = cal.memory_errors(validation, calibrated)
         clusters = [spec.cluster, *(a.cluster for a in spec.alternatives)]
-        scored = [score(spec.model, c, spec.workload, spec.budget, params, spec.goodput) for c in clusters]
+        scored = [
+            score(
+                spec.model,
+                c,
+                spec.workload,
+                spec.budget,
+                params,
+                spec.goodput,
+                quantized_collectives=quantized,
+            )
+            for c in clusters
+        ]
         win = best_cluster(scored, spec.budget.objective)
         main = scored[win if win is not None else 0]
         sens, chosen = sensitivity(main, spec.model, spec.workload, spec.budget, params, spec.goodput)

@@ -73,6 +73,8 @@ NOT_SEARCHED: dict[str, str] = {
     "precision": "the proxy's own (proxy.precision)",
     "virtual_stages": "1 for proxies: DeepSpeed's pipeline engine runs plain 1F1B only",
     "engine": "deepspeed for proxies: they run the engine the service runs",
+    "comm_overlap": "Megatron-Core's (engine megatron); proxies run deepspeed",
+    "tp_comm_overlap": "Megatron-Core's (engine megatron); proxies run deepspeed",
 }
 
 

@@ -54,6 +54,13 @@ class ExperimentSpec(BaseModel):
         "rules: deepspeed (the one the service runs), fsdp and megatron (scored analytically).",
     )
 
+    quantized_collectives: bool = Field(
+        False,
+        description="Let the planner choose ZeRO++'s quantized collectives (int8 weight gathers, int4 "
+        "gradient reduction; DeepSpeed ZeRO-3). Off by default: they change the numbers a step computes, "
+        "and their quantization kernels are not priced.",
+    )
+
     @field_validator("engines")
     @classmethod
     def _distinct_engines(cls, value: list[Engine]) -> list[Engine]:

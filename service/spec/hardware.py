@@ -45,6 +45,13 @@ class GPUSpec(BaseModel):
     )
     gemm_efficiency_max: float = Field(gt=0, le=1, description="Fraction of peak a large GEMM reaches.")
     attention_efficiency: float = Field(gt=0, le=1, description="Fraction of peak fused attention reaches.")
+    fused_attention_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of peak cuDNN's fused attention reaches, the kernel Transformer Engine (and so "
+        "Megatron-Core) runs; None: as attention_efficiency (no faster kernel for this GPU).",
+    )
     kernel_overhead_us: float = Field(
         4.0, ge=0, description="Launch and scheduling cost per kernel (µs), paid by small shapes."
     )

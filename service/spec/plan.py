@@ -104,6 +104,19 @@ class Plan(BaseModel):
     sequence_parallel: bool = Field(
         False, description="Shard norm/dropout activations over the TP group (Korthikanti et al.)."
     )
+    comm_overlap: bool = Field(
+        False,
+        description="Megatron-Core's overlaps of pipeline and data-parallel traffic (megatron only): "
+        "interleaved-pipeline sends behind the other chunks' compute (--overlap-p2p-communication), the "
+        "gradient reduce behind backward and the parameter gather behind forward (--overlap-grad-reduce, "
+        "--overlap-param-gather), as NVIDIA's recipes set them. Megatron-LM of 2021-22 had none.",
+    )
+    tp_comm_overlap: bool = Field(
+        False,
+        description="Megatron-Core's --tp-comm-overlap (megatron, with sequence_parallel): Transformer "
+        "Engine userbuffers pipeline each TP all-gather / reduce-scatter with its GEMM, forward and "
+        "backward.",
+    )
     precision: Precision = Field(
         "bf16",
         description="Compute precision; bf16/fp16 mean mixed precision; fp8 = Transformer Engine's FP8 "
@@ -133,13 +146,16 @@ class Plan(BaseModel):
 
     def short(self) -> str:
         """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2` after
-        the pipeline when cp > 1; ZeRO++ / MiCS settings after the offloads; `-fp8` last)."""
+        the pipeline when cp > 1; ZeRO++ / MiCS settings after the offloads; `-ovl` and `-tpo` for
+        Megatron-Core's overlaps, then `-fp8` last)."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         off += f"-hpz{self.zero_hpz_partition_size}" if self.zero_hpz_partition_size > 1 else ""
         off += f"-mics{self.mics_shard_size}" if self.mics_shard_size else ""
         off += "-qw" if self.zero_quantized_weights else ""
         off += "-qg" if self.zero_quantized_gradients else ""
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
+        sp += "-ovl" if self.comm_overlap else ""
+        sp += "-tpo" if self.tp_comm_overlap else ""
         sp += "-fp8" if self.precision == "fp8" else ""
         vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         vs += f"-cp{self.cp}" if self.cp > 1 else ""
@@ -163,8 +179,19 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
     engine = _ENGINE_RULES[plan.engine](plan)
     if engine:
         return engine
+    if plan.comm_overlap and plan.engine != "megatron":
+        return (
+            "comm_overlap",
+            f"comm_overlap (Megatron-Core's overlaps) needs engine megatron, not {plan.engine}",
+        )
+    if plan.tp_comm_overlap and plan.engine != "megatron":
+        return "tp_comm_overlap", f"tp_comm_overlap (TE userbuffers) needs engine megatron, not {plan.engine}"
     if plan.sequence_parallel and plan.tp == 1:
         return "sequence_parallel", "sequence parallelism needs tp > 1"
+    if plan.tp_comm_overlap and not plan.sequence_parallel:
+        # megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap can happen only
+        # when sequence parallelism is enabled".
+        return "tp_comm_overlap", "tp_comm_overlap needs sequence_parallel (and so tp > 1)"
     if plan.virtual_stages > 1 and plan.pp == 1:
         return "virtual_stages", "virtual_stages > 1 needs pp > 1"
     if plan.virtual_stages > 1 and plan.engine == "deepspeed":

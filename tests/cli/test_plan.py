@@ -30,7 +30,7 @@ def write_experiment(tmp_path: Path, name: str, edit) -> Path:
 def test_plan_prints_aligned_table_and_selection(capsys):
     assert main(["plan", str(EXPERIMENT), "--top", "5"]) == 0
     out = capsys.readouterr().out
-    assert "64,680 candidate plans, 4,812 valid plans scored" in out
+    assert "46,200 candidate plans, 4,380 valid plans scored" in out
     assert "selected: dp" in out and "memory per GPU (GiB)" in out
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("#  plan"))
@@ -56,7 +56,7 @@ def test_plan_json_has_the_contract_fields(capsys):
     assert len(data["ranked"]) == 3 and data["ranked"][0] == selected
     dollars = [r["dollars"] for r in data["ranked"]]
     assert dollars == sorted(dollars)  # objective: cost
-    assert data["plans_evaluated"] == 4812 and data["candidates"] == 64680
+    assert data["plans_evaluated"] == 4380 and data["candidates"] == 46200
     assert sum(data["rejected_counts"].values()) + 1 == data["candidates"]
     assert data["rejected_counts"]["over memory"] > 0
 
@@ -167,13 +167,24 @@ def test_bad_input_subprocess_has_no_traceback(tmp_path):
 
 def test_plan_ranks_the_engines_the_experiment_lists(tmp_path, capsys):
     path = write_experiment(tmp_path, "engines", lambda d: d.update(engines=["megatron", "fsdp"]))
-    assert main(["plan", str(path), "--top", "50", "--json"]) == 0
+    assert main(["plan", str(path), "--top", "1000", "--json"]) == 0
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     engines = {r["plan"]["engine"] for r in ranked}
     assert engines == {"megatron", "fsdp"}  # no deepspeed plan: the experiment did not list it
     assert main(["plan", str(path), "--engines", "deepspeed", "--top", "3", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["plans_evaluated"] == 4812 and {r["plan"]["engine"] for r in data["ranked"]} == {"deepspeed"}
+    assert data["plans_evaluated"] == 4380 and {r["plan"]["engine"] for r in data["ranked"]} == {"deepspeed"}
     assert main(["plan", str(path), "--engines", "torch"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--engines" in err and "allowed: deepspeed, fsdp" in err
+
+
+def test_quantized_collectives_are_tried_only_when_the_experiment_allows_them(tmp_path, capsys):
+    path = write_experiment(tmp_path, "q", lambda d: d.update(quantized_collectives=True))
+    assert main(["plan", str(path), "--top", "4380", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plans_evaluated"] == 4380 + 432  # hpZ + qwZ + qgZ and qwZ + qgZ on ZeRO-3 rows
+    quantized = [r for r in data["ranked"] if r["plan"]["zero_quantized_gradients"]]
+    assert quantized and all(r["plan"]["zero_quantized_weights"] for r in quantized)
+    assert main(["plan", str(write_experiment(tmp_path, "plain", lambda d: None)), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans_evaluated"] == 4380

@@ -120,7 +120,8 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         cp=rng.choice([1, 2, 3, 4], n), engine=rng.integers(0, 3, n),
         virtual_stages=rng.choice([1, 1, 2, 3], n), zero_hpz_partition_size=rng.choice([1, 1, 1, 2, 4], n),
         mics_shard_size=rng.choice([0, 0, 0, 2, 3], n), zero_quantized_weights=rng.random(n) < 0.1,
-        zero_quantized_gradients=rng.random(n) < 0.1,
+        zero_quantized_gradients=rng.random(n) < 0.1, comm_overlap=rng.random(n) < 0.2,
+        tp_comm_overlap=rng.random(n) < 0.2,
     )  # fmt: skip
     grid = _zero3_grid()
     fp8 = dataclasses.replace(grid, precision=np.full(len(grid), PRECISION_CODES.index("fp8")))
@@ -145,13 +146,18 @@ def test_two_stage_enumeration_equals_filtering_the_full_cross_product():
     table = candidate_table(cluster, workload)
     codes = problem_codes(table, model, cluster, workload)
     result = enumerate_plans(model, cluster, workload)
-    # 55 (dp, tp, pp, cp) with cp ≤ 16; ZeRO 0-3 and 3 ZeRO-3 variants (hpZ, qwZ + qgZ, both)
-    assert result.candidates == len(table) == 55 * 7 * 2 * 2 * 7 * 3 * 2
+    # 55 (dp, tp, pp, cp) with cp ≤ 16; ZeRO 0-3 and ZeRO-3 with hpZ (quantized collectives are opt-in)
+    assert result.candidates == len(table) == 55 * 5 * 2 * 2 * 7 * 3 * 2
     assert result.invalid_counts == count_codes(codes)
     assert sum(result.invalid_counts.values()) + len(result.plans) == result.candidates
     key = lambda t: sorted(zip(*(getattr(t, f).tolist() for f in Plan.model_fields), strict=True))  # noqa: E731
     assert key(result.plans) == key(table.take(codes == VALID))
-    assert len(result.plans) == 4812
+    assert len(result.plans) == 4380
+    # Asked for, ZeRO++'s quantized collectives add two ZeRO-3 variants (hpZ + qwZ + qgZ, qwZ + qgZ).
+    quantized = enumerate_plans(model, cluster, workload, quantized_collectives=True)
+    assert quantized.candidates == 55 * 7 * 2 * 2 * 7 * 3 * 2
+    qz = quantized.plans.zero_quantized_weights & quantized.plans.zero_quantized_gradients
+    assert len(quantized.plans) - len(result.plans) == int(qz.sum()) == 432
 
 
 def test_every_enumerated_plan_is_a_valid_plan_for_the_workload():
@@ -228,7 +234,7 @@ def test_every_engine_is_enumerated_under_its_own_rules():
     assert len(result.plans) == (codes == VALID).sum()
     plans = result.plans
     by_engine = {e: int((plans.engine == i).sum()) for i, e in enumerate(ENGINE_CODES)}
-    assert by_engine["deepspeed"] == 4812  # the deepspeed-only count (test_valid_plan_counts.py)
+    assert by_engine["deepspeed"] == 4380  # the deepspeed-only count (test_valid_plan_counts.py)
     fsdp, megatron = plans.take(plans.engine == 1), plans.take(plans.engine == 2)
     # FSDP: no ZeRO-1, offload all or nothing, pipelines as torchtitan runs them; Megatron: ZeRO ≤ 1.
     # pp 16 and 32 split the 40 layers unevenly (3/2 and 2/1 blocks per stage).
@@ -268,3 +274,11 @@ def test_outside_space_names_the_choice_the_enumeration_does_not_try():
     assert "zero_variants" in outside_space(Plan(dp=32, zero_stage=3, zero_hpz_partition_size=4), cluster)
     assert outside_space(Plan(dp=32, zero_stage=3, zero_hpz_partition_size=8), cluster) is None
     assert "bf16 plans only" in outside_space(Plan(dp=32, precision="fp8"), cluster)
+    quantized = Plan(dp=32, zero_stage=3, zero_hpz_partition_size=8, zero_quantized_weights=True,
+                     zero_quantized_gradients=True)  # fmt: skip
+    assert "quantized_collectives: true" in outside_space(quantized, cluster)
+    assert outside_space(quantized, cluster, quantized_collectives=True) is None
+    megatron = Plan(dp=4, tp=8, zero_stage=1, sequence_parallel=True, engine="megatron")
+    assert "Megatron-Core's overlaps on" in outside_space(megatron, cluster, ["megatron"])
+    on = megatron.model_copy(update={"comm_overlap": True, "tp_comm_overlap": True})
+    assert outside_space(on, cluster, ["megatron"]) is None

@@ -1,0 +1,129 @@
+"""What Megatron-Core with Transformer Engine runs differently from the DeepSpeed proxy: its overlaps
+(`Plan.tp_comm_overlap`, `Plan.comm_overlap`), cuDNN's fused attention on Hopper, and its memory layout
+(vocab-parallel embedding and loss, in-place optimizer buffers, TE's saved tensors)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.catalog import load_gpu, load_model
+from service.costmodel import comm, estimate
+from service.costmodel import memory as mem
+from service.plans.table import PRECISION_CODES
+from service.spec import ClusterSpec, Plan, Workload
+from service.spec.params import ModelParams
+from service.spec.plan import check_plan
+
+PRIOR = ModelParams()
+LLAMA70 = load_model("llama3-70b")
+NODE = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1)
+WORK = Workload(seq_len=8192, global_batch_sequences=16, tokens_to_train=1e9)
+
+
+def _run(plan: Plan, cluster: ClusterSpec = NODE, model=LLAMA70, workload: Workload = WORK):
+    return estimate(model, cluster, plan, workload, params=PRIOR)
+
+
+def test_overlap_flags_belong_to_megatron_and_tp_overlap_needs_sequence_parallel():
+    with pytest.raises(ValueError, match=r"comm_overlap: .*needs engine megatron, not deepspeed"):
+        Plan(tp=8, grad_accum=16, comm_overlap=True)
+    with pytest.raises(ValueError, match=r"tp_comm_overlap: .*needs engine megatron, not fsdp"):
+        Plan(tp=8, grad_accum=16, engine="fsdp", tp_comm_overlap=True)
+    # megatron/training/arguments.py asserts sequence parallelism for --tp-comm-overlap.
+    with pytest.raises(ValueError, match="tp_comm_overlap: tp_comm_overlap needs sequence_parallel"):
+        Plan(tp=8, grad_accum=16, engine="megatron", tp_comm_overlap=True)
+    plan = Plan(tp=8, grad_accum=16, engine="megatron", sequence_parallel=True, tp_comm_overlap=True)
+    assert check_plan(plan, LLAMA70).short().endswith("-sp-tpo")
+
+
+def test_tp_overlap_hides_every_tensor_parallel_collective_behind_the_gemms():
+    """With TE userbuffers each of the 4 collective volumes of a block runs behind a GEMM: the step pays
+    only the contention (the GEMMs of a 70B block on tp 8 outlast the NVLink transfers)."""
+    base = Plan(tp=8, grad_accum=16, engine="megatron", sequence_parallel=True)
+    plain = _run(base).time_breakdown_s.tp_comm
+    overlapped = _run(base.model_copy(update={"tp_comm_overlap": True})).time_breakdown_s.tp_comm
+    deepspeed = _run(base.model_copy(update={"engine": "deepspeed"})).time_breakdown_s.tp_comm
+    kappa = PRIOR["overlap_contention"]
+    assert overlapped == pytest.approx(kappa * deepspeed, rel=1e-6)
+    assert overlapped < plain < deepspeed
+
+
+def test_comm_overlap_hides_interleaved_pipeline_sends_and_the_optimizer_gathers():
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    workload = Workload(seq_len=8192, global_batch_sequences=32, tokens_to_train=1e9)
+    plan = Plan(dp=2, tp=4, pp=4, virtual_stages=5, zero_stage=1, grad_accum=16, engine="megatron")
+    plain = _run(plan, cluster, workload=workload).time_breakdown_s
+    over = _run(plan.model_copy(update={"comm_overlap": True}), cluster, workload=workload).time_breakdown_s
+    kappa = PRIOR["overlap_contention"]
+    # The sends are far shorter than a chunk's compute: only their contention is left.
+    assert over.pp_comm == pytest.approx(kappa * plain.pp_comm, rel=1e-6)
+    assert over.dp_comm < plain.dp_comm
+    # Without interleaving Megatron-Core has no p2p overlap.
+    flat = plan.model_copy(update={"virtual_stages": 1})
+    assert (
+        _run(
+            flat.model_copy(update={"comm_overlap": True}), cluster, workload=workload
+        ).time_breakdown_s.pp_comm
+        == _run(flat, cluster, workload=workload).time_breakdown_s.pp_comm
+    )
+
+
+def test_megatron_runs_cudnn_attention_on_hopper_only():
+    """TE's cuDNN attention is 0.53/0.35 of FlashAttention-2's time on H100 (catalog); on A100 there is
+    no faster kernel, and the DeepSpeed proxy runs SDPA's FlashAttention-2 everywhere."""
+    h100, a100 = load_gpu("h100-sxm-80gb"), load_gpu("a100-sxm-80gb")
+    assert h100.fused_attention_efficiency == 0.53 and a100.fused_attention_efficiency is None
+    plan = Plan(tp=8, grad_accum=16, sequence_parallel=True)
+    ratio = {}
+    for gpu in ("h100-sxm-80gb", "a100-sxm-80gb"):
+        cluster = ClusterSpec(gpu=gpu, num_nodes=1)
+        ds = _run(plan, cluster).time_breakdown_s.compute
+        mg = _run(plan.model_copy(update={"engine": "megatron"}), cluster).time_breakdown_s.compute
+        ratio[gpu] = mg / ds
+    # On A100 only the optimizer step differs (Megatron's rank holds 1/tp of the embedding).
+    assert ratio["a100-sxm-80gb"] == pytest.approx(1.0, rel=1e-3)
+    # At seq 8192 causal attention is ~8 % of a 70B block's FLOPs, ~15 % of its math time at the prior.
+    assert 0.93 < ratio["h100-sxm-80gb"] < 0.99
+
+
+def test_megatron_splits_the_vocabulary_over_tensor_parallel_ranks():
+    """VocabParallelEmbedding and the vocab-parallel loss: the embedding and the fp32 log-softmax are
+    1/tp on each rank; the DeepSpeed proxy keeps the embedding whole and gathers the logits."""
+    v, h, tp = LLAMA70.vocab_size, LLAMA70.hidden_size, 8
+    ds_first, _ = mem.stage_params_per_gpu(LLAMA70, tp, 4)
+    mg_first, _ = mem.stage_params_per_gpu(LLAMA70, tp, 4, 1, mem.vocab_parallel(np.array(2)))
+    assert ds_first - mg_first == pytest.approx(v * h * (1 - 1 / tp))
+    whole = mem.logits_bytes_per_token(LLAMA70, 2, 8192, tp, True)
+    split = mem.logits_bytes_per_token(LLAMA70, 2, 8192, tp, True, True)
+    assert whole - split == pytest.approx(4 * v * (1 - 1 / tp) * 8191 / 8192)
+    assert mem.logits_transient_bytes_per_token(LLAMA70, 2, tp, True) == pytest.approx((2 + 4) * v / tp)
+    assert list(mem.vocab_parallel(np.array([0, 1, 2]))) == [False, True, True]
+
+
+def test_te_saves_less_than_hugging_face_and_fp8_saves_its_gemm_inputs_in_one_byte():
+    """Per token per layer on one rank, Llama 3 70B (h 8192, kv 1024, f 28672, 64 heads), tp 4 + SP:
+    bf16: norms 2·(2 + 2)h/4, attention (2(2h + 2kv) + 4a)/4, SwiGLU (2·2f + 2f)/4;
+    fp8: GEMM inputs in 1 byte (the two norm outputs, fc2's input) plus the projection's FP8 copy (h/4)."""
+    h, kv, f, a = 8192, 1024, 28672, 64
+    bf16, fp8 = PRECISION_CODES.index("bf16"), PRECISION_CODES.index("fp8")
+    te_bf16 = mem.te_layer_bytes_per_token(LLAMA70, 4, True, np.array(0), 2, bf16)
+    assert te_bf16 == pytest.approx((2 * 4 * h + 2 * (2 * h + 2 * kv) + 4 * a + 6 * f) / 4)
+    te_fp8 = mem.te_layer_bytes_per_token(LLAMA70, 4, True, np.array(0), 2, fp8)
+    assert te_fp8 == pytest.approx((2 * 3 * h + 2 * (2 * h + 2 * kv) + 4 * a + h + 5 * f) / 4)
+    hf = mem.activation_bytes_per_token_per_layer(LLAMA70, 4, True, np.array(0), 2)
+    assert te_fp8 < te_bf16 < hf
+    # The Hugging Face count in FP8 loses (d - 1) bytes on the same inputs: 2h/tp (SP) + f/tp.
+    hf_fp8 = mem.activation_bytes_per_token_per_layer(LLAMA70, 4, True, np.array(0), 2, precision=fp8)
+    assert hf - hf_fp8 == pytest.approx(2 * h / 4 + f / 4)
+    # Full recompute keeps block inputs only, whatever the module library.
+    full = mem.te_layer_bytes_per_token(LLAMA70, 4, True, np.array(2), 2, fp8)
+    assert full == pytest.approx(2 * h / 4)
+
+
+def test_megatron_pays_no_deepspeed_buckets():
+    plan = Plan(tp=8, grad_accum=16, zero_stage=1, sequence_parallel=True)
+    ds = _run(plan).memory_per_gpu_bytes.buffers
+    mg = _run(plan.model_copy(update={"engine": "megatron"})).memory_per_gpu_bytes.buffers
+    assert mg < ds - 0.5e9  # DeepSpeed's reduce and gather buckets plus a copy of the embedding
+    assert comm.NCCL_BUS_EFFICIENCY == 0.8  # the overlap tests above run at the analytical prior
