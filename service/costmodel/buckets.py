@@ -19,10 +19,10 @@ The updated parameters come back in one call per parameter group (`all_gather_dp
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
+from service.costmodel.memory import stage_layers
 from service.costmodel.types import Num
 from service.spec.model import ModelSpec
 
@@ -51,14 +51,16 @@ def greedy_calls(tensors: list[float], bucket: float) -> int:
 @functools.lru_cache(maxsize=256)
 def _reduce_calls(model: ModelSpec, tp: int, pp: int, bucket: float) -> int:
     """Calls on the busiest stage (first or last) of a pipeline of `pp` stages."""
-    # The busiest stage's blocks (memory.stage_layers without interleaving: DeepSpeed runs plain 1F1B).
-    blocks = block_tensor_elements(model, tp) * math.ceil(model.num_layers / pp)
+    # Each end stage's blocks as memory.stage_layers lays them out, without interleaving (DeepSpeed runs
+    # plain 1F1B): the first stage takes the extra block when pp does not divide the layers.
+    first_layers, last_layers = (int(n) for n in stage_layers(model.num_layers, pp))
+    per_block = block_tensor_elements(model, tp)
     embedding = [float(model.vocab_size * model.hidden_size)]  # whole on every TP rank (memory.py)
     head = [float(model.hidden_size)] + (
         [] if model.tie_word_embeddings and pp == 1 else [model.vocab_size * model.hidden_size / tp]
     )
-    first = embedding + blocks + (head if pp == 1 else [])
-    last = blocks + head
+    first = embedding + per_block * first_layers + (head if pp == 1 else [])
+    last = per_block * last_layers + head
     return max(greedy_calls(first[::-1], bucket), greedy_calls(last[::-1], bucket))
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel import comm, compute, context, data_parallel, fp8
+from service.costmodel import comm, compute, context, data_parallel, fp8, pipeline, tensor_parallel
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
@@ -196,48 +196,22 @@ def _times(
         [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, attention_block], 0.0
     )
 
-    # Tensor parallel: 2 all-reduces of the block's activations in forward, 2 in backward, 2 more when
-    # the forward is recomputed (Megatron-LM §3; with sequence parallelism the same volume as
-    # all-gather + reduce-scatter, Korthikanti §4.2.2), on the critical path; Megatron hides some of
-    # the backward ones behind weight-gradient GEMMs (`_megatron_tp_backward_s`).
-    tp_messages = 4 + 2 * (p.recompute == 2)
     cp_mb = _context_parallel_s(model, cluster, p, tokens, d, attention_layer, params, gpu, net) * layers
+    # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
+    contention = params["overlap_contention"] if workload.overlap_comm else 1.0
     tp_ar = comm.all_reduce_time_s(
         tokens * model.hidden_size * d, p.tp, 1, cluster.gpus_per_node, gpu, links=net
     )
-    # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
-    contention = params["overlap_contention"] if workload.overlap_comm else 1.0
-    megatron = (p.engine == ENGINE_CODES.index("megatron")) & (p.tp > 1)
-    layer_gemm = gemm / layers
-    tp_mb = np.where(
-        megatron,
-        (tp_messages - 2) * layers * tp_ar
-        + _megatron_tp_backward_s(model, p, tp_ar, layer_gemm, contention) * layers,
-        tp_messages * layers * tp_ar,
-    )
-    # Megatron-Core's --tp-comm-overlap (Transformer Engine userbuffers) splits each TP collective into
-    # chunks pipelined with the GEMM that produces or consumes it, forward and backward (TE
-    # `module/base.py` `initialize_ub`; Wang et al. 2023, "Overlap communication with dependent computation
-    # via decomposition", ASPLOS '23): every TP collective runs behind the block's GEMMs (forward: the
-    # forward GEMMs; backward: the input- and weight-gradient GEMMs, twice as long).
-    forwards = 1 + (p.recompute == 2)
-    tp_overlapped = forwards * comm.overlapped_exposed_s(2 * tp_ar, layer_gemm, contention)
-    tp_overlapped = tp_overlapped + comm.overlapped_exposed_s(2 * tp_ar, 2 * layer_gemm, contention)
-    tp_mb = np.where(megatron & p.tp_comm_overlap, tp_overlapped * layers, tp_mb)
+    tp_mb = tensor_parallel.tp_comm_per_micro_batch_s(model, p, tp_ar, gemm / layers, contention) * layers
 
     # Pipeline: activations forward and their gradients backward across each stage boundary, and the
     # 1F1B bubble of (pp − 1) micro-batch slots (Narayanan et al. 2021, §2.2). The interleaved schedule
-    # with v model chunks per stage cuts the bubble to (pp − 1)/v slots and sends v times as many
-    # messages (§2.2.2; the slot's chunk compute is 1/v of the stage's, so the bubble is (pp − 1)/v · slot).
+    # with v model chunks per stage cuts the bubble to (pp − 1)/v slots (the slot's chunk compute is 1/v
+    # of the stage's, so the bubble is (pp − 1)/v · slot).
     v = p.virtual_stages
-    crosses = p.dp * p.tp * p.cp >= cluster.gpus_per_node
-    p2p = _pipeline_send_s(cluster, p, tokens * model.hidden_size * d, crosses, gpu, net)
-    pp_mb = np.where(p.pp > 1, 2 * v * p2p, 0.0)
-    # --overlap-p2p-communication (interleaved schedule only): each chunk's sends and receives run while
-    # the next chunk computes (megatron/core/pipeline_parallel/schedules.py,
-    # `forward_backward_pipelining_with_interleaving`, `overlap_p2p_comm`).
-    p2p_hidden = p.comm_overlap & (v > 1)
-    pp_mb = np.where(p2p_hidden, comm.overlapped_exposed_s(pp_mb, fwd + bwd, contention), pp_mb)
+    pp_mb = pipeline.pp_comm_per_micro_batch_s(
+        cluster, p, tokens * model.hidden_size * d, gpu, net, fwd + bwd, contention
+    )
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
     bubble = (p.pp - 1) / v * slot
 
@@ -259,60 +233,6 @@ def _times(
         "offload": offload,
         "overhead": np.asarray(overhead, dtype=float),
     }
-
-
-def _megatron_tp_backward_s(
-    model: ModelSpec, p: PlanTable, all_reduce_s: Num, layer_gemm_s: Num, contention: float
-) -> np.ndarray:
-    """One block's backward tensor-parallel communication as Megatron-LM runs it, per micro-batch.
-
-    The column-parallel layers (QKV and the MLP's first matrix) launch their input-gradient all-reduce
-    asynchronously and compute their weight gradient while it runs; with sequence parallelism that
-    collective is a reduce-scatter, and the all-gather of the layer's input that the weight gradient
-    needs runs behind the input-gradient GEMM (megatron/core/tensor_parallel/layers.py,
-    `LinearWithGradAccumulationAndAsyncCommunication.backward`; Korthikanti et al. 2022 §4.2.2). What
-    stays on the critical path with SP is the all-gather of the output gradient before the
-    row-parallel layers (half of an all-reduce each). The hidden part costs `contention` of its time
-    (`comm.overlapped_exposed_s`) and whatever outlasts the GEMMs behind it: the weight-gradient GEMMs
-    of the column-parallel layers, a share of the block's GEMM time by their parameters (twice that with
-    SP, the input-gradient GEMMs too).
-    """
-    h, kv = model.hidden_size, model.kv_heads * model.head_dim
-    column = h * (h + 2 * kv) + (model.mlp_matrices - 1) * h * model.ffn_hidden_size
-    window = layer_gemm_s * column / (model.attention_params_per_layer + model.mlp_params_per_layer)
-    sp = np.asarray(p.sequence_parallel, dtype=bool)
-    # Without SP: 2 all-reduces hidden. With SP: 2 reduce-scatters and 2 input all-gathers (one
-    # all-reduce's volume each pair) hidden, 2 output-gradient all-gathers exposed.
-    hidden = 2 * all_reduce_s
-    exposed = np.where(sp, all_reduce_s, 0.0)
-    overlapped = comm.overlapped_exposed_s(hidden, np.where(sp, 2 * window, window), contention)
-    return np.asarray(exposed + overlapped, dtype=float)
-
-
-def _pipeline_send_s(
-    cluster: ClusterSpec,
-    p: PlanTable,
-    hidden_bytes: Num,
-    crosses: Num,
-    gpu: GPUSpec,
-    net: comm.Links,
-) -> np.ndarray:
-    """One stage-boundary send of a micro-batch's hidden state, as each tensor-parallel rank pays it.
-
-    With sequence parallelism the hidden state between stages is the rank's sequence chunk, 1/tp of it
-    (Korthikanti et al. 2022, §4.2.2; the proxy's PipelineModule sends that chunk). Megatron-LM without
-    it splits the tensor into tp chunks, each rank sends one across the node boundary and the receiving
-    stage all-gathers them over NVLink (Narayanan et al. 2021, §4.1 "scatter/gather communication
-    optimization"; megatron/core/pipeline_parallel/p2p_communication.py,
-    `scatter_gather_tensors_in_pipeline`). DeepSpeed's PipelineEngine sends the whole tensor from every
-    tensor-parallel rank (runtime/pipe/engine.py `_exec_send_activations`).
-    """
-    megatron = p.engine == ENGINE_CODES.index("megatron")
-    send = comm.p2p_time_s(
-        hidden_bytes / np.where(p.sequence_parallel | megatron, p.tp, 1), crosses, gpu, net
-    )
-    gather = comm.all_gather_time_s(hidden_bytes, p.tp, 1, cluster.gpus_per_node, gpu, 1.0, net)  # 0 at tp 1
-    return np.asarray(send + np.where(megatron & ~p.sequence_parallel, gather, 0.0), dtype=float)
 
 
 def _context_parallel_s(
