@@ -127,3 +127,19 @@ def test_megatron_pays_no_deepspeed_buckets():
     mg = _run(plan.model_copy(update={"engine": "megatron"})).memory_per_gpu_bytes.buffers
     assert mg < ds - 0.5e9  # DeepSpeed's reduce and gather buckets plus a copy of the embedding
     assert comm.NCCL_BUS_EFFICIENCY == 0.8  # the overlap tests above run at the analytical prior
+
+
+def test_blackwell_entries_and_an_nvl72_domain_keep_groups_on_nvlink():
+    """B200 and GB200 come from their datasheets (dense = sparse / 2) with H100's kernel efficiencies
+    (assumed, said in the entry); a GB200 NVL72 rack is one 72-GPU NVLink domain, so a cluster of them
+    says gpus_per_node 72 and its data-parallel traffic stays on NVLink."""
+    b200, gb200 = load_gpu("b200-sxm-180gb"), load_gpu("gb200-nvl72")
+    assert (b200.peak_tflops_bf16, b200.peak_tflops_fp8) == (2250.0, 4500.0)
+    assert (gb200.peak_tflops_bf16, gb200.peak_tflops_fp8) == (2500.0, 5000.0)
+    assert "assumed" in b200.source and "assumed" in gb200.source
+    plan = Plan(dp=9, tp=8, grad_accum=16, engine="megatron", zero_stage=1, sequence_parallel=True)
+    racks = ClusterSpec(gpu="gb200-nvl72", num_nodes=1, gpus_per_node=72)
+    trays = ClusterSpec(gpu="gb200-nvl72", num_nodes=9, gpus_per_node=8)
+    work = Workload(seq_len=8192, global_batch_sequences=144, tokens_to_train=1e9)
+    on_nvlink = _run(plan, racks, workload=work).time_breakdown_s.dp_comm
+    assert on_nvlink < _run(plan, trays, workload=work).time_breakdown_s.dp_comm / 5
