@@ -45,7 +45,7 @@ def error_of(path: Path) -> SpecError:
         (
             lambda d: d["cluster"].update(gpu="h900"),
             "cluster.gpu",
-            "allowed: a100-sxm-40gb, a100-sxm-80gb, cpu",
+            "allowed: a100-sxm-40gb, a100-sxm-80gb, b200-sxm-180gb, cpu, gb200-nvl72",
         ),
         (lambda d: d.update(model="llama9"), "model", "allowed: gpt3-175b, llama2-13b"),
         (lambda d: d["cluster"].update(gpus_per_node=0), "cluster.gpus_per_node", "greater than 0"),
@@ -119,7 +119,10 @@ def test_unreadable_files(tmp_path):
 
 
 def test_catalog_lookups_list_what_exists():
-    with pytest.raises(SpecError, match="allowed: a100-sxm-40gb, a100-sxm-80gb, cpu, h100-sxm-80gb"):
+    with pytest.raises(
+        SpecError,
+        match="allowed: a100-sxm-40gb, a100-sxm-80gb, b200-sxm-180gb, cpu, gb200-nvl72, h100-sxm-80gb",
+    ):
         load_gpu("v100")
     with pytest.raises(SpecError, match="allowed: gpt3-175b, llama2-13b, llama2-70b"):
         load_model("gpt-5")
