@@ -79,8 +79,26 @@ def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        _kill_session(proc.pid)
         log.close()
     return done
+
+
+def _kill_session(sid: int) -> None:
+    """Kills what is left of the killed run's session: Ray's raylet, GCS and workers may sit in process
+    groups of their own, and a worker left running would go on writing into the run's folder while the
+    restarted run uses it (a restarted run once waited on a trial such a worker had finished)."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                p.kill()
+                left.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    psutil.wait_procs(left, timeout=10)
 
 
 @pytest.fixture(scope="session")
