@@ -105,7 +105,7 @@ def device_aware_torch_config(timeout_s: int) -> Any:
     resource with no CUDA device behind it (Ray's fake multinode provider) would fail there, before
     the worker could fall back to CPU. The driver cannot tell (its node may have no GPU while the
     workers' do), so the backend asks each worker for `torch.cuda.is_available()` first, and uses
-    gloo unless all say yes; the worker then runs on CPU (`worker.pick_device`) and reports why.
+    gloo unless all say yes; the worker then runs on CPU (`device.pick_device`) and reports why.
     """
     return _device_aware_config_class()(backend="nccl", timeout_s=timeout_s)
 

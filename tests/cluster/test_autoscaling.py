@@ -39,7 +39,7 @@ from manifest_checks import ROOT
 
 from service.cluster.jobs import submit_job, wait_for_job
 from service.tracking.server import free_port
-from service.train.worker import GPU_FALLBACK
+from service.train.device import GPU_FALLBACK
 
 IDLE_TIMEOUT_S = 15
 STEPS = 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from service.spec import Plan, load_experiment
-from service.train.worker import GPU_FALLBACK, DeviceChoice, choose_device
+from service.train.device import GPU_FALLBACK, DeviceChoice, choose_device
 
 
 @pytest.mark.parametrize(
