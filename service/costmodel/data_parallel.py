@@ -48,12 +48,14 @@ def comm_offload_and_optimizer_s(
     grads_b, params_b = psi * gb, psi * pb
     # Stages 0-2 reduce gradients in buckets (costmodel/buckets.py: a greedy packing of the tensors) and
     # gather the updated parameters in one call; stage 3 gathers each block's weight matrices module by
-    # module (DeepSpeed's per-submodule fetch); FSDP one flat parameter per block.
+    # module (DeepSpeed's per-submodule fetch); FSDP one flat parameter per block, and so does
+    # Megatron-FSDP (megatron at zero_stage 2-3), whose buckets follow the transformer layers.
     bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
     buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
     blocks = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage's
     modules = blocks * (7 if model.mlp == "swiglu" else 4)
-    fsdp = p.engine == ENGINE_CODES.index("fsdp")
+    megatron_fsdp = (p.engine == ENGINE_CODES.index("megatron")) & (p.zero_stage >= 2)
+    fsdp = (p.engine == ENGINE_CODES.index("fsdp")) | megatron_fsdp
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
     gathers = np.where(fsdp | (p.zero_stage == 3), collectives, buckets_mod.PARAM_GATHER_CALLS)
     shards = p.dp * p.cp  # gradients are reduced over the context-parallel ranks too (context.py)

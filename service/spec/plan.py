@@ -125,8 +125,9 @@ class Plan(BaseModel):
     engine: Engine = Field(
         "deepspeed",
         description="What runs the plan: deepspeed (the service runs it), or, scored analytically, fsdp "
-        "(PyTorch FSDP: zero_stage 2 = SHARD_GRAD_OP, 3 = FULL_SHARD) or megatron (Megatron-LM: TP×PP, "
-        "interleaved schedule, zero_stage 1 = distributed optimizer).",
+        "(PyTorch FSDP: zero_stage 2 = SHARD_GRAD_OP, 3 = FULL_SHARD) or megatron (Megatron-Core: TP×PP, "
+        "interleaved schedule, zero_stage 1 = distributed optimizer, 2-3 = Megatron-FSDP without a "
+        "pipeline).",
     )
 
     @model_validator(mode="after")
@@ -252,9 +253,15 @@ def _fsdp_problem(plan: Plan) -> tuple[str, str] | None:
 
 
 def _megatron_problem(plan: Plan) -> tuple[str, str] | None:
-    # Megatron-LM: the distributed optimizer shards optimizer states only (zero_stage 1); no offload.
-    if plan.zero_stage > 1:
-        return "zero_stage", "Megatron-LM's distributed optimizer is zero_stage 1; allowed: 0 or 1"
+    # Megatron-Core: the distributed optimizer shards optimizer states (zero_stage 1); Megatron-FSDP
+    # (`--use-megatron-fsdp`, `--data-parallel-sharding-strategy optim_grads | optim_grads_params`) shards
+    # gradients too (2) and parameters (3). NVIDIA's published Megatron-FSDP recipes all run without a
+    # pipeline, and the cost model prices it only there. No offload of model states.
+    if plan.zero_stage > 1 and plan.pp > 1:
+        return (
+            "zero_stage",
+            "Megatron-FSDP (zero_stage 2-3) is priced without a pipeline only; with pp > 1: 0 or 1",
+        )
     if plan.offload_optimizer or plan.offload_params:
         return "offload_optimizer", "Megatron-LM does not offload to the host"
     return None

@@ -143,3 +143,17 @@ def test_blackwell_entries_and_an_nvl72_domain_keep_groups_on_nvlink():
     work = Workload(seq_len=8192, global_batch_sequences=144, tokens_to_train=1e9)
     on_nvlink = _run(plan, racks, workload=work).time_breakdown_s.dp_comm
     assert on_nvlink < _run(plan, trays, workload=work).time_breakdown_s.dp_comm / 5
+
+
+def test_megatron_fsdp_shards_like_fsdp_without_a_pipeline():
+    """Megatron-FSDP (--use-megatron-fsdp; ZeRO 2-3 on megatron) gathers and reduces per transformer
+    layer as FSDP does; with tp 1 the two engines' data-parallel time is the same."""
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
+    work = Workload(seq_len=8192, global_batch_sequences=128, tokens_to_train=1e9)
+    plan = Plan(dp=64, zero_stage=3, grad_accum=2, engine="megatron")
+    fsdp = plan.model_copy(update={"engine": "fsdp"})
+    assert _run(plan, cluster, workload=work).time_breakdown_s.dp_comm == pytest.approx(
+        _run(fsdp, cluster, workload=work).time_breakdown_s.dp_comm, rel=1e-9
+    )
+    with pytest.raises(ValueError, match="priced without a pipeline"):
+        Plan(dp=16, pp=4, zero_stage=2, grad_accum=8, engine="megatron")

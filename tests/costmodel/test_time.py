@@ -208,8 +208,11 @@ def test_each_engine_has_its_own_rules():
     assert Plan(dp=2, tp=8, pp=4, zero_stage=1, virtual_stages=2, engine="megatron").num_gpus == 64
     with pytest.raises(ValueError, match="zero_stage: FSDP shards gradients with optimizer states"):
         Plan(dp=8, zero_stage=1, engine="fsdp")
-    with pytest.raises(ValueError, match="zero_stage: Megatron-LM's distributed optimizer is zero_stage 1"):
-        Plan(dp=8, zero_stage=3, engine="megatron")
+    with pytest.raises(
+        ValueError, match=r"zero_stage: Megatron-FSDP \(zero_stage 2-3\) is priced without a pipeline"
+    ):
+        Plan(dp=2, pp=4, zero_stage=3, engine="megatron")
+    assert Plan(dp=8, tp=8, zero_stage=3, engine="megatron").num_gpus == 64  # Megatron-FSDP with TP
     assert Plan(dp=2, tp=8, pp=4, zero_stage=1).num_gpus == 64  # Megatron-DeepSpeed's 3D layout
     with pytest.raises(ValueError, match="zero_stage: pipeline parallelism"):
         Plan(dp=2, tp=8, pp=4, zero_stage=2)

@@ -236,11 +236,13 @@ def test_every_engine_is_enumerated_under_its_own_rules():
     by_engine = {e: int((plans.engine == i).sum()) for i, e in enumerate(ENGINE_CODES)}
     assert by_engine["deepspeed"] == 4380  # the deepspeed-only count (test_valid_plan_counts.py)
     fsdp, megatron = plans.take(plans.engine == 1), plans.take(plans.engine == 2)
-    # FSDP: no ZeRO-1, offload all or nothing, pipelines as torchtitan runs them; Megatron: ZeRO ≤ 1.
+    # FSDP: no ZeRO-1, offload all or nothing, pipelines as torchtitan runs them; Megatron: ZeRO ≤ 1
+    # with a pipeline, Megatron-FSDP (ZeRO 2-3) without one.
     # pp 16 and 32 split the 40 layers unevenly (3/2 and 2/1 blocks per stage).
     assert set(fsdp.zero_stage.tolist()) == {0, 2, 3} and set(fsdp.pp.tolist()) == {1, 2, 4, 8, 16, 32}
     assert (fsdp.offload_optimizer == fsdp.offload_params).all()
-    assert set(megatron.zero_stage.tolist()) == {0, 1} and not megatron.offload_optimizer.any()
+    assert set(megatron.zero_stage.tolist()) == {0, 1, 2, 3} and not megatron.offload_optimizer.any()
+    assert (megatron.pp[megatron.zero_stage >= 2] == 1).all()
     # Interleaving on megatron and fsdp (torchtitan), every chunk holding at least one of the 40 layers.
     for interleaving in (megatron, fsdp):
         assert set(interleaving.virtual_stages.tolist()) == {1, 2, 3, 4, 5}
