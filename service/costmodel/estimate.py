@@ -97,7 +97,8 @@ def _memory(
     first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, vocab_split)
     # DeepSpeed's ZeRO buckets; FSDP's gather/reduce buffers are priced the same. Megatron's distributed
     # optimizer reduces and gathers in place in its contiguous grad and param buffers (Megatron-Core
-    # `distributed/param_and_grad_buffer.py`), which the grads and params terms already count.
+    # `distributed/param_and_grad_buffer.py`), which the grads and params terms already count; its
+    # Megatron-FSDP (zero_stage 2-3) is priced the same way, without a separate gather buffer.
     buckets = np.where(p.engine == ENGINE_CODES.index("megatron"), 0.0, 1.0)
     stages = []
     first = (first_psi, first_layers, in_flight, p.pp == 1)

@@ -234,15 +234,14 @@ def te_layer_bytes_per_token(
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
     g = np.where(np.asarray(precision) == PRECISION_FP8, 1, d)  # bytes of a saved GEMM input
     split = np.where(sequence_parallel, tp, 1)
-    attention_norm = (d + g) * h / split
-    mlp_norm = (d + g) * h / split
+    norm = (d + g) * h / split  # each of the two norms: its input and its output (the GEMM input)
     attention = (d * (2 * h + 2 * kv) + FP32 * model.num_attention_heads + (g < d) * h) / tp
     gate = 2 if model.mlp == "swiglu" else 1
     mlp = (d * gate * f + g * f) / tp
     full = d * h / split
     return np.select(
         [recompute == 0, recompute == 1],
-        [attention_norm + attention + mlp_norm + mlp, mlp_norm + mlp],
+        [2 * norm + attention + mlp, norm + mlp],
         full,
     )
 
