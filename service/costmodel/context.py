@@ -4,7 +4,7 @@ Each rank keeps tokens = micro_batch · seq_len / cp, so its matmuls, saved acti
 messages shrink by cp (Megatron-Core docs, "Context parallelism": "activation memory per GPU is CP
 times smaller"); attention still relates every token to the whole sequence, so its causal FLOPs per
 rank are 1/cp of the sequence's (load-balanced chunks). What the split costs depends on the engine's
-style (`service.spec.plan.CONTEXT_PARALLEL_RULES`):
+style (its `context_parallel` rule, service/catalog/engines/):
 
 * Ulysses (DeepSpeed; Jacobs et al. 2023, arXiv 2309.14509, §3.1-3.2): before attention an all-to-all
   turns the sequence shard of q, k and v into a head shard, after it one turns the output back: four
@@ -28,11 +28,11 @@ import numpy as np
 from service.costmodel import comm
 from service.costmodel.types import Num
 from service.plans.table import ENGINE_CODES
+from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
-from service.spec.plan import CONTEXT_PARALLEL_RULES
 
-RING = np.array([CONTEXT_PARALLEL_RULES[e].style == "ring" for e in ENGINE_CODES])
+RING = np.array([engine_rules(e).context_parallel.style == "ring" for e in ENGINE_CODES])
 
 
 def is_ring(engine: Num) -> np.ndarray:

@@ -11,7 +11,7 @@ from service.costmodel import comm, compute
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel.types import Num
-from service.plans.table import ENGINE_CODES, PlanTable
+from service.plans.table import PlanTable, engine_table
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.zero import ZeroKnobs
@@ -54,8 +54,8 @@ def comm_offload_and_optimizer_s(
     buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
     blocks = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage's
     modules = blocks * (7 if model.mlp == "swiglu" else 4)
-    megatron_fsdp = (p.engine == ENGINE_CODES.index("megatron")) & (p.zero_stage >= 2)
-    fsdp = (p.engine == ENGINE_CODES.index("fsdp")) | megatron_fsdp
+    from_stage = np.array([4 if s is None else s for s in engine_table("block_sharding_from_stage")])
+    fsdp = p.zero_stage >= from_stage[p.engine]  # FSDP, Megatron-FSDP: per-block gathers and reduces
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
     gathers = np.where(fsdp | (p.zero_stage == 3), collectives, buckets_mod.PARAM_GATHER_CALLS)
     shards = p.dp * p.cp  # gradients are reduced over the context-parallel ranks too (context.py)
@@ -71,7 +71,7 @@ def comm_offload_and_optimizer_s(
     # DeepSpeed's ZeRO 1-2 reduce each gradient bucket with an all-reduce and keep their partition of it
     # (stage_1_and_2.py `average_tensor`: `use_multi_rank_bucket_allreduce`, on by default); FSDP and
     # Megatron's distributed optimizer reduce-scatter.
-    reduce = np.where(p.engine == ENGINE_CODES.index("deepspeed"), ar, rs)
+    reduce = np.where(p.engine_column("gradient_reduce") == "all_reduce", ar, rs)
     # Megatron-Core's --overlap-grad-reduce starts each gradient bucket's reduction as backward finishes
     # it (DDP's all-reduce, or the distributed optimizer's reduce-scatter), and --overlap-param-gather
     # gathers the updated parameters bucket by bucket ahead of the next step's forward

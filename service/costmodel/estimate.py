@@ -13,7 +13,7 @@ from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
 from service.costmodel.types import Num
-from service.plans.table import ENGINE_CODES, PlanTable
+from service.plans.table import PlanTable
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
@@ -77,7 +77,7 @@ def _memory(
     first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
     s = workload.seq_len
     flash = workload.flash_attention
-    te = p.engine == ENGINE_CODES.index("megatron")  # Megatron-Core builds its blocks from TE modules
+    te = p.engine_column("transformer_engine")  # Megatron-Core builds its blocks from TE modules
     per_layer = mem.activation_bytes_per_token_per_layer(
         model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
     )
@@ -99,7 +99,7 @@ def _memory(
     # optimizer reduces and gathers in place in its contiguous grad and param buffers (Megatron-Core
     # `distributed/param_and_grad_buffer.py`), which the grads and params terms already count; its
     # Megatron-FSDP (zero_stage 2-3) is priced the same way, without a separate gather buffer.
-    buckets = np.where(p.engine == ENGINE_CODES.index("megatron"), 0.0, 1.0)
+    buckets = np.where(p.engine_column("gather_buffers"), 1.0, 0.0)
     stages = []
     first = (first_psi, first_layers, in_flight, p.pp == 1)
     for psi, layers, micro_batches, is_last in (first, (last_psi, last_layers, 1, True)):
@@ -174,9 +174,7 @@ def _times(
     # FlashAttention-2 the catalog's attention_efficiency describes (same FLOPs, forward and backward).
     if flash and gpu.fused_attention_efficiency is not None:
         te_speedup = gpu.fused_attention_efficiency / gpu.attention_efficiency
-        attention_layer = attention_layer / np.where(
-            p.engine == ENGINE_CODES.index("megatron"), te_speedup, 1.0
-        )
+        attention_layer = attention_layer / np.where(p.engine_column("transformer_engine"), te_speedup, 1.0)
     attention = attention_layer * layers
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
     casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision) * layers

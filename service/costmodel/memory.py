@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from service.costmodel.types import Num
-from service.plans.table import ENGINE_CODES
+from service.plans.table import engine_table
 from service.spec.model import ModelSpec
 from service.spec.zero import ZeroKnobs
 
@@ -90,7 +90,7 @@ def vocab_parallel(engine: Num) -> np.ndarray:
     Shoeybi et al. 2019, §3); so does torchtitan's TP plan (`tok_embeddings` RowwiseParallel, loss
     parallel). The DeepSpeed proxy keeps the input embedding whole on every TP rank and gathers the
     logits for the loss (service/train/tensor_parallel.py; measured, tests/train)."""
-    return np.asarray(engine) != ENGINE_CODES.index("deepspeed")
+    return engine_table("vocab_parallel")[np.asarray(engine)]
 
 
 def stage_params_per_gpu(

@@ -7,7 +7,7 @@ import numpy as np
 
 from service.costmodel import comm
 from service.costmodel.types import Num
-from service.plans.table import ENGINE_CODES, PlanTable
+from service.plans.table import PlanTable
 from service.spec.hardware import ClusterSpec, GPUSpec
 
 
@@ -54,7 +54,7 @@ def _pipeline_send_s(
     `scatter_gather_tensors_in_pipeline`). DeepSpeed's PipelineEngine sends the whole tensor from every
     tensor-parallel rank (runtime/pipe/engine.py `_exec_send_activations`).
     """
-    megatron = p.engine == ENGINE_CODES.index("megatron")
+    megatron = p.engine_column("pipeline_scatter_gather")  # Megatron-LM's scatter/gather
     send = comm.p2p_time_s(
         hidden_bytes / np.where(p.sequence_parallel | megatron, p.tp, 1), crosses, gpu, net
     )

@@ -14,7 +14,7 @@ import numpy as np
 
 from service.costmodel import comm
 from service.costmodel.types import Num
-from service.plans.table import ENGINE_CODES, PlanTable
+from service.plans.table import PlanTable
 from service.spec.model import ModelSpec
 
 
@@ -27,7 +27,7 @@ def tp_comm_per_micro_batch_s(
     block's forward GEMM time on one rank.
     """
     messages = 4 + 2 * (p.recompute == 2)
-    megatron = (p.engine == ENGINE_CODES.index("megatron")) & (p.tp > 1)
+    async_backward = p.engine_column("tp_backward_overlap") & (p.tp > 1)
     plain = messages * all_reduce_s
     hidden_backward = (messages - 2) * all_reduce_s + _megatron_tp_backward_s(
         model, p, all_reduce_s, layer_gemm_s, contention
@@ -40,7 +40,8 @@ def tp_comm_per_micro_batch_s(
     forwards = 1 + (p.recompute == 2)
     overlapped = forwards * comm.overlapped_exposed_s(2 * all_reduce_s, layer_gemm_s, contention)
     overlapped = overlapped + comm.overlapped_exposed_s(2 * all_reduce_s, 2 * layer_gemm_s, contention)
-    per_block = np.where(megatron, np.where(p.tp_comm_overlap, overlapped, hidden_backward), plain)
+    # tp_comm_overlap is allowed only where the engine's table says so (Megatron-Core, with SP).
+    per_block = np.where(p.tp_comm_overlap, overlapped, np.where(async_backward, hidden_backward, plain))
     return np.asarray(per_block, dtype=float)
 
 

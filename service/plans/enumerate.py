@@ -29,6 +29,7 @@ from service.plans.rules import (  # noqa: F401  (re-exported: the rule codes be
     reason_code,
 )
 from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable, concat
+from service.spec.engine import engine_rules
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.plan import Engine, Plan, Precision
@@ -72,8 +73,9 @@ _FLAGS = np.array([False, True])
 
 def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Sequence[int]) -> PlanTable:
     """One engine's rows: every shape × ZeRO stage × offload flags × sequence parallel (× interleaved
-    chunks for megatron and fsdp; DeepSpeed's pipeline engine runs plain 1F1B only)."""
-    vs = np.array([1] if engine == "deepspeed" else virtual_stages, dtype=np.int64)
+    chunks where the engine has an interleaved schedule: megatron and fsdp, not DeepSpeed's 1F1B)."""
+    rules = engine_rules(engine)
+    vs = np.array(virtual_stages if rules.interleaved_pipeline else [1], dtype=np.int64)
     shape_i, zero, off_opt, off_par, sp, v = _grid(
         np.arange(len(shapes)), np.arange(4), _FLAGS, _FLAGS, _FLAGS, vs
     )
@@ -93,10 +95,10 @@ def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Seque
         precision=ones * 0,
         virtual_stages=v,
         engine=ones * ENGINE_CODES.index(engine),
-        # A team choosing Megatron-Core runs it with its overlaps on, as NVIDIA's recipes do (the TP
-        # overlap where the rules allow it: with sequence parallelism).
-        comm_overlap=np.full(len(shape_i), engine == "megatron"),
-        tp_comm_overlap=(engine == "megatron") & sp,
+        # A team choosing an engine with overlaps (Megatron-Core) runs them on, as NVIDIA's recipes do
+        # (the TP overlap where the rules allow it: with sequence parallelism).
+        comm_overlap=np.full(len(shape_i), rules.comm_overlap),
+        tp_comm_overlap=rules.tp_comm_overlap & sp,
     )
 
 
@@ -270,11 +272,12 @@ def outside_space(
         return "the planner tries ZeRO++'s quantized collectives only with `quantized_collectives: true`"
     if zero != (1, 0, False, False) and zero not in variants:
         return "the planner tries ZeRO++ / MiCS only as `zero_variants` lists them (multi-node clusters)"
-    if plan.engine == "megatron" and (
-        not plan.comm_overlap or plan.tp_comm_overlap != plan.sequence_parallel
+    rules = engine_rules(plan.engine)
+    if rules.comm_overlap != plan.comm_overlap or plan.tp_comm_overlap != (
+        rules.tp_comm_overlap and plan.sequence_parallel
     ):
         return (
-            "the planner tries megatron plans with Megatron-Core's overlaps on "
+            f"the planner tries {plan.engine} plans with every overlap its rules allow turned on "
             "(comm_overlap; tp_comm_overlap with sequence_parallel)"
         )
     if plan.precision not in _precisions(precision):

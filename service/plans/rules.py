@@ -1,8 +1,9 @@
 """`plan_problem` (service/spec/plan.py) restated on numpy columns, every engine's rules included.
 
 `plan_problem` is scalar (one `Plan` at a time, ~10 µs each), too slow for 100,000 plans per second, so
-`problem_codes` checks the same rules in the same order on a `PlanTable`. A row has one engine, so an
-engine's rules are masked to its rows and listed in that engine's own order. tests/plans/
+`problem_codes` checks the same rules in the same order on a `PlanTable`. Both read each engine's limits
+from its rule table (service/catalog/engines/, `service.spec.engine`): here as columns, one value per
+row's engine. tests/plans/
 test_enumerate.py checks, on every candidate of several clusters and on random tables over all engines,
 that both give the same first reason.
 """
@@ -12,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable
+from service.spec.engine import engine_rules
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
-from service.spec.plan import CONTEXT_PARALLEL_RULES
 from service.spec.workload import Workload
 
 # Why a candidate cannot run, in the order `plan_problem` checks its rules (code = index; 0 = valid).
@@ -23,25 +24,20 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("valid", "", ""),
     ("offload_params without zero_stage 3", "offload_params", "parameter offload needs zero_stage 3"),
     ("offload_optimizer with zero_stage 0", "offload_optimizer", "optimizer offload needs zero_stage"),
-    ("ZeRO++/MiCS off deepspeed", "engine", "are DeepSpeed features"),
+    ("ZeRO++/MiCS on an engine without them", "engine", "are DeepSpeed features"),
     ("ZeRO++/MiCS without zero_stage 3", "zero_stage", "they need zero_stage 3"),
     ("MiCS with hpZ", "mics_shard_size", "choose one"),
-    ("zero_stage > 1 with pp > 1", "zero_stage", "pipeline parallelism"),
-    ("zero_stage 3 with tp > 1", "zero_stage", "tensor parallelism"),
-    ("fsdp has no zero_stage 1", "zero_stage", "FSDP shards gradients with optimizer states"),
-    ("fsdp offloads all or nothing", "offload_params", "FSDP's CPUOffload moves"),
-    (
-        "megatron FSDP with pp > 1",
-        "zero_stage",
-        "Megatron-FSDP (zero_stage 2-3) is priced without a pipeline",
-    ),
-    ("megatron offload", "offload_optimizer", "Megatron-LM does not offload"),
-    ("comm_overlap off megatron", "comm_overlap", "needs engine megatron"),
-    ("tp_comm_overlap off megatron", "tp_comm_overlap", "TE userbuffers) needs engine megatron"),
+    ("ZeRO stage the engine lacks", "zero_stage", " has zero_stage "),
+    ("ZeRO stage too high with pp > 1", "zero_stage", "with pp > 1 "),
+    ("ZeRO stage too high with tp > 1", "zero_stage", "with tp > 1 "),
+    ("offload on an engine without it", "offload_optimizer", " does not offload"),
+    ("offload of optimizer or parameters alone", "offload_params", "offloads optimizer and parameters"),
+    ("comm_overlap on an engine without it", "comm_overlap", "needs engine"),
+    ("tp_comm_overlap on an engine without it", "tp_comm_overlap", "needs engine"),
     ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
     ("tp_comm_overlap without sequence_parallel", "tp_comm_overlap", "needs sequence_parallel"),
     ("virtual_stages without pp", "virtual_stages", "virtual_stages > 1 needs pp > 1"),
-    ("virtual_stages on deepspeed", "virtual_stages", "no interleaved pipeline schedule"),
+    ("virtual_stages without an interleaved schedule", "virtual_stages", "no interleaved pipeline schedule"),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
     ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
     ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
@@ -57,9 +53,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-18 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-16 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:19])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:17])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -74,28 +70,29 @@ def reason_code(problem: tuple[str, str] | None) -> int:
 
 
 def _combination_rules(p: PlanTable) -> list[np.ndarray]:
-    """The rules that need nothing but the plan (`_plan_only_problem` and the engines' rules)."""
-    ds, fsdp, megatron = (p.engine == ENGINE_CODES.index(e) for e in ("deepspeed", "fsdp", "megatron"))
+    """The rules that need nothing but the plan (`_plan_only_problem`), each engine's limits read from
+    its rule table (service/catalog/engines/) as columns."""
     hpz, mics = p.zero_hpz_partition_size > 1, p.mics_shard_size > 0
     hierarchical = hpz | mics | p.zero_quantized_weights | p.zero_quantized_gradients
+    has_stage = np.array([[z in engine_rules(e).zero_stages for z in range(4)] for e in ENGINE_CODES])
+    offload = np.asarray(p.engine_column("offload"))
     return [
         p.offload_params & (p.zero_stage != 3),
         p.offload_optimizer & (p.zero_stage == 0),
-        hierarchical & ~ds,
+        hierarchical & ~p.engine_column("hierarchical_zero"),
         hierarchical & (p.zero_stage != 3),
         hpz & mics,
-        ds & (p.pp > 1) & (p.zero_stage > 1),
-        ds & (p.tp > 1) & (p.zero_stage == 3),
-        fsdp & (p.zero_stage == 1),
-        fsdp & (p.offload_optimizer != p.offload_params),
-        megatron & (p.zero_stage > 1) & (p.pp > 1),
-        megatron & (p.offload_optimizer | p.offload_params),
-        p.comm_overlap & ~megatron,
-        p.tp_comm_overlap & ~megatron,
+        ~has_stage[p.engine, p.zero_stage],
+        (p.pp > 1) & (p.zero_stage > p.engine_column("max_zero_stage_with_pp")),
+        (p.tp > 1) & (p.zero_stage > p.engine_column("max_zero_stage_with_tp")),
+        (offload == "none") & (p.offload_optimizer | p.offload_params),
+        (offload == "together") & (p.offload_optimizer != p.offload_params),
+        p.comm_overlap & ~p.engine_column("comm_overlap"),
+        p.tp_comm_overlap & ~p.engine_column("tp_comm_overlap"),
         p.sequence_parallel & (p.tp == 1),
         p.tp_comm_overlap & ~p.sequence_parallel,
         (p.virtual_stages > 1) & (p.pp == 1),
-        (p.virtual_stages > 1) & ds,
+        (p.virtual_stages > 1) & ~p.engine_column("interleaved_pipeline"),
     ]
 
 
@@ -107,7 +104,7 @@ def problem_codes(
     The same rules in the same order as service/spec/plan.py; np.select takes the first true one.
     """
     p = plans
-    cp_rules = [CONTEXT_PARALLEL_RULES[e] for e in ENGINE_CODES]
+    cp_rules = [engine_rules(e).context_parallel for e in ENGINE_CODES]
     heads_rule = np.array([r.heads_divisible for r in cp_rules])[p.engine]
     chunks = p.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[p.engine]
     rules = [

@@ -11,6 +11,7 @@ from typing import get_args
 
 import numpy as np
 
+from service.spec.engine import engine_rules
 from service.spec.plan import Engine, Plan, Precision, Recompute
 
 RECOMPUTE_CODES: tuple[str, ...] = get_args(Recompute)  # ("none", "selective", "full")
@@ -45,6 +46,10 @@ class PlanTable:
 
     def __len__(self) -> int:
         return len(self.dp)
+
+    def engine_column(self, field: str) -> np.ndarray:
+        """Per row, `field` of the row's engine rule table (service/catalog/engines/)."""
+        return engine_table(field)[self.engine]
 
     @classmethod
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
@@ -96,3 +101,8 @@ def concat(tables: list[PlanTable]) -> PlanTable:
     """The rows of `tables`, one after the other."""
     names = [f.name for f in fields(PlanTable)]
     return PlanTable(**{name: np.concatenate([getattr(t, name) for t in tables]) for name in names})
+
+
+def engine_table(field: str) -> np.ndarray:
+    """`field` of every engine's rule table, indexed by engine code (ENGINE_CODES' order)."""
+    return np.array([getattr(engine_rules(e), field) for e in ENGINE_CODES])

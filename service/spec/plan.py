@@ -6,11 +6,11 @@ takes this `Plan`. `plan_problem` is the only place that decides whether a plan 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.spec.engine import Engine, engine_rules, engines_with
 from service.spec.errors import SpecError
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
@@ -18,32 +18,6 @@ from service.spec.workload import Workload
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
-Engine = Literal["deepspeed", "fsdp", "megatron"]
-ContextStyle = Literal["ulysses", "ring"]
-
-
-@dataclass(frozen=True)
-class ContextParallelRule:
-    """How an engine splits the sequence over `cp` ranks, and what that asks of the model and workload.
-
-    ulysses: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509, §3): all-to-alls turn the
-    sequence shard of q, k, v into a head shard before attention and back after, so each of the cp ranks
-    needs whole query heads: (heads / tp) % cp == 0 (KV heads fewer than cp are repeated, DeepSpeed's
-    uneven-head all-to-all). ring: Megatron-Core context parallelism (docs, "context_parallel") and
-    torchtitan's ring attention (Liu et al. 2023, Ring Attention, arXiv 2310.01889) pass KV chunks
-    around a ring; the load-balanced causal split cuts the sequence into 2·cp chunks.
-    """
-
-    style: ContextStyle
-    heads_divisible: bool  # (attention heads / tp) % cp must be 0
-    seq_chunks_per_rank: int  # seq_len % (cp · this) must be 0
-
-
-CONTEXT_PARALLEL_RULES: dict[str, ContextParallelRule] = {
-    "deepspeed": ContextParallelRule("ulysses", heads_divisible=True, seq_chunks_per_rank=1),
-    "megatron": ContextParallelRule("ring", heads_divisible=False, seq_chunks_per_rank=2),
-    "fsdp": ContextParallelRule("ring", heads_divisible=False, seq_chunks_per_rank=2),
-}
 
 
 class Plan(BaseModel):
@@ -63,7 +37,7 @@ class Plan(BaseModel):
         1,
         gt=0,
         description="Context-parallel degree: each sequence split over cp ranks (DeepSpeed-Ulysses for "
-        "deepspeed, ring attention for megatron and fsdp; see CONTEXT_PARALLEL_RULES).",
+        "deepspeed, ring attention for megatron and fsdp; see service/catalog/engines/).",
     )
     virtual_stages: int = Field(
         1,
@@ -168,8 +142,8 @@ class Plan(BaseModel):
 
 
 def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
-    """Rules that need nothing but the plan: what the plan's engine can combine. (The order is
-    `service/plans/enumerate.py`'s, which restates these rules on columns.)"""
+    """Rules that need nothing but the plan: what the plan's engine can combine, read from its rule
+    table (service/catalog/engines/). `service/plans/rules.py` restates them on columns, in this order."""
     if plan.offload_params and plan.zero_stage != 3:
         return "offload_params", "parameter offload needs zero_stage 3"
     if plan.offload_optimizer and plan.zero_stage == 0:
@@ -177,16 +151,9 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
     hierarchical = _hierarchical_zero_problem(plan)
     if hierarchical:
         return hierarchical
-    engine = _ENGINE_RULES[plan.engine](plan)
+    engine = _engine_problem(plan)
     if engine:
         return engine
-    if plan.comm_overlap and plan.engine != "megatron":
-        return (
-            "comm_overlap",
-            f"comm_overlap (Megatron-Core's overlaps) needs engine megatron, not {plan.engine}",
-        )
-    if plan.tp_comm_overlap and plan.engine != "megatron":
-        return "tp_comm_overlap", f"tp_comm_overlap (TE userbuffers) needs engine megatron, not {plan.engine}"
     if plan.sequence_parallel and plan.tp == 1:
         return "sequence_parallel", "sequence parallelism needs tp > 1"
     if plan.tp_comm_overlap and not plan.sequence_parallel:
@@ -195,9 +162,7 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "tp_comm_overlap", "tp_comm_overlap needs sequence_parallel (and so tp > 1)"
     if plan.virtual_stages > 1 and plan.pp == 1:
         return "virtual_stages", "virtual_stages > 1 needs pp > 1"
-    if plan.virtual_stages > 1 and plan.engine == "deepspeed":
-        # deepspeed/runtime/pipe/schedule.py has TrainSchedule (1F1B) only; Megatron-LM interleaves, and
-        # torchtitan runs torch.distributed.pipelining's ScheduleInterleaved1F1B with FSDP.
+    if plan.virtual_stages > 1 and not engine_rules(plan.engine).interleaved_pipeline:
         return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
     return None
 
@@ -217,7 +182,7 @@ def _hierarchical_zero_problem(plan: Plan) -> tuple[str, str] | None:
     # DeepSpeed config docs: "zero_hpz_partition_size", "zero_quantized_weights", "mics_shard_size").
     if not uses_hierarchical_zero(plan):
         return None
-    if plan.engine != "deepspeed":
+    if not engine_rules(plan.engine).hierarchical_zero:
         return "engine", f"ZeRO++ (hpZ, qwZ, qgZ) and MiCS are DeepSpeed features; {plan.engine} has none"
     if plan.zero_stage != 3:
         return "zero_stage", "ZeRO++ (hpZ, qwZ, qgZ) and MiCS partition parameters: they need zero_stage 3"
@@ -226,48 +191,36 @@ def _hierarchical_zero_problem(plan: Plan) -> tuple[str, str] | None:
     return None
 
 
-def _deepspeed_problem(plan: Plan) -> tuple[str, str] | None:
-    if plan.pp > 1 and plan.zero_stage > 1:
-        # DeepSpeed's PipelineEngine asserts ZeRO stage < 2 (deepspeed/runtime/pipe/engine.py).
-        return "zero_stage", "pipeline parallelism (pp > 1) supports zero_stage 0 or 1 only"
-    if plan.tp > 1 and plan.zero_stage == 3:
-        # The service's TP runs with ZeRO 0-2 (as DeepSpeed's AutoTP training tutorial states for AutoTP);
-        # ZeRO-3 would re-shard the already tensor-split weights, which the proxies do not run.
-        return "zero_stage", "tensor parallelism (tp > 1) supports zero_stage 0, 1 or 2 only"
-    # tp > 1 with pp > 1 runs as Megatron-DeepSpeed runs it: Megatron tensor-parallel layers inside
-    # DeepSpeed's PipelineModule, laid out by PipeModelDataParallelTopology (deepspeed/runtime/pipe/
-    # topology.py), ZeRO-1 across dp (microsoft/Megatron-DeepSpeed, megatron/model/gpt_model.py
-    # GPTModelPipe); the pipeline rule above already holds it to zero_stage 0 or 1.
+def _engine_problem(plan: Plan) -> tuple[str, str] | None:
+    """The engine's own limits (its rule table): ZeRO stages, with pp and tp, offload, the overlaps.
+
+    Tensor-parallel layers inside a pipeline run as Megatron-DeepSpeed runs them (Megatron TP layers in
+    DeepSpeed's PipelineModule, PipeModelDataParallelTopology, ZeRO-1 across dp) and as torchtitan and
+    Megatron-Core compose them; no rule is needed for tp × pp itself.
+    """
+    rules, name, z = engine_rules(plan.engine), plan.engine, plan.zero_stage
+    if z not in rules.zero_stages:
+        why = rules.reason("zero_stages", f"{name} has no ZeRO stage {z}")
+        return "zero_stage", f"{why}; {name} has zero_stage {rules.stages_up_to(3)} only"
+    if plan.pp > 1 and z > rules.max_zero_stage_with_pp:
+        why = rules.reason("max_zero_stage_with_pp", "")
+        allowed = rules.stages_up_to(rules.max_zero_stage_with_pp)
+        return "zero_stage", f"{why}; with pp > 1 {name} supports zero_stage {allowed} only"
+    if plan.tp > 1 and z > rules.max_zero_stage_with_tp:
+        why = rules.reason("max_zero_stage_with_tp", "")
+        allowed = rules.stages_up_to(rules.max_zero_stage_with_tp)
+        return "zero_stage", f"{why}; with tp > 1 {name} supports zero_stage {allowed} only"
+    offload = plan.offload_optimizer or plan.offload_params
+    if offload and rules.offload == "none":
+        return "offload_optimizer", f"{rules.reason('offload', '')}; {name} does not offload"
+    if rules.offload == "together" and plan.offload_optimizer != plan.offload_params:
+        why = rules.reason("offload", "")
+        return "offload_params", f"{why}; {name} offloads optimizer and parameters together"
+    for flag, what in (("comm_overlap", "Megatron-Core's overlaps"), ("tp_comm_overlap", "TE userbuffers")):
+        if getattr(plan, flag) and not getattr(rules, flag):
+            need = " or ".join(engines_with(flag))
+            return flag, f"{flag} ({what}) needs engine {need}, not {name}"
     return None
-
-
-def _fsdp_problem(plan: Plan) -> tuple[str, str] | None:
-    # FSDP's ShardingStrategy: NO_SHARD (DDP, 0), SHARD_GRAD_OP (2), FULL_SHARD (3); no optimizer-only shard.
-    if plan.zero_stage == 1:
-        return "zero_stage", "FSDP shards gradients with optimizer states; allowed: 0, 2 or 3"
-    if plan.offload_optimizer != plan.offload_params:
-        return "offload_params", "FSDP's CPUOffload moves parameters, gradients and optimizer together"
-    # pp > 1: torchtitan composes FSDP2 with pipeline stages (torch.distributed.pipelining), TP and CP
-    # (torchtitan docs/performance.md: Llama 3.1 405B with FSDP 8 × TP 8 × PP 8).
-    return None
-
-
-def _megatron_problem(plan: Plan) -> tuple[str, str] | None:
-    # Megatron-Core: the distributed optimizer shards optimizer states (zero_stage 1); Megatron-FSDP
-    # (`--use-megatron-fsdp`, `--data-parallel-sharding-strategy optim_grads | optim_grads_params`) shards
-    # gradients too (2) and parameters (3). NVIDIA's published Megatron-FSDP recipes all run without a
-    # pipeline, and the cost model prices it only there. No offload of model states.
-    if plan.zero_stage > 1 and plan.pp > 1:
-        return (
-            "zero_stage",
-            "Megatron-FSDP (zero_stage 2-3) is priced without a pipeline only; with pp > 1: 0 or 1",
-        )
-    if plan.offload_optimizer or plan.offload_params:
-        return "offload_optimizer", "Megatron-LM does not offload to the host"
-    return None
-
-
-_ENGINE_RULES = {"deepspeed": _deepspeed_problem, "fsdp": _fsdp_problem, "megatron": _megatron_problem}
 
 
 def plan_problem(
@@ -288,7 +241,7 @@ def plan_problem(
         return "tp", f"tp {plan.tp} does not divide num_attention_heads {model.num_attention_heads}"
     if model.kv_heads % plan.tp:
         return "tp", f"tp {plan.tp} does not divide num_key_value_heads {model.kv_heads}"
-    rule = CONTEXT_PARALLEL_RULES[plan.engine]
+    rule = engine_rules(plan.engine).context_parallel
     if rule.heads_divisible and (model.num_attention_heads // plan.tp) % plan.cp:
         heads = model.num_attention_heads // plan.tp
         return "cp", f"Ulysses cp {plan.cp} does not divide the {heads} attention heads per TP rank"
@@ -334,8 +287,6 @@ def check_plan(
     plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
 ) -> Plan:
     """Returns `plan`, or raises `SpecError` naming the field at fault."""
-    from service.spec.errors import SpecError
-
     problem = plan_problem(plan, model, cluster, workload)
     if problem:
         raise SpecError(f"plan.{problem[0]}", problem[1])

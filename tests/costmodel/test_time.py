@@ -214,8 +214,13 @@ def test_each_engine_has_its_own_rules():
         Plan(dp=2, pp=4, zero_stage=3, engine="megatron")
     assert Plan(dp=8, tp=8, zero_stage=3, engine="megatron").num_gpus == 64  # Megatron-FSDP with TP
     assert Plan(dp=2, tp=8, pp=4, zero_stage=1).num_gpus == 64  # Megatron-DeepSpeed's 3D layout
-    with pytest.raises(ValueError, match="zero_stage: pipeline parallelism"):
+    pipeline = r"zero_stage: DeepSpeed's PipelineEngine .*; with pp > 1 deepspeed supports zero_stage 0 or 1"
+    with pytest.raises(ValueError, match=pipeline):
         Plan(dp=2, tp=8, pp=4, zero_stage=2)
+    with pytest.raises(ValueError, match=r"offload_params: FSDP's CPUOffload .*; fsdp offloads optimizer"):
+        Plan(dp=8, zero_stage=3, offload_optimizer=True, engine="fsdp")
+    with pytest.raises(ValueError, match=r"offload_optimizer: Megatron-LM does not .*; megatron does not"):
+        Plan(dp=8, zero_stage=1, offload_optimizer=True, engine="megatron")
 
 
 def test_overlapped_collective_pays_its_contention_on_the_compute_it_hides_behind():

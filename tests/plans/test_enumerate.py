@@ -281,6 +281,6 @@ def test_outside_space_names_the_choice_the_enumeration_does_not_try():
     assert "quantized_collectives: true" in outside_space(quantized, cluster)
     assert outside_space(quantized, cluster, quantized_collectives=True) is None
     megatron = Plan(dp=4, tp=8, zero_stage=1, sequence_parallel=True, engine="megatron")
-    assert "Megatron-Core's overlaps on" in outside_space(megatron, cluster, ["megatron"])
+    assert "every overlap its rules allow" in outside_space(megatron, cluster, ["megatron"])
     on = megatron.model_copy(update={"comm_overlap": True, "tp_comm_overlap": True})
     assert outside_space(on, cluster, ["megatron"]) is None

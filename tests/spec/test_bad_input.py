@@ -159,7 +159,8 @@ def test_plan_errors_name_the_field():
         validate_as(Plan, {"tp": 2, "zero_stage": 3}, "space.yaml", prefix="plan")
     assert (
         str(info.value)
-        == "space.yaml: plan.zero_stage: tensor parallelism (tp > 1) supports zero_stage 0, 1 or 2 only"
+        == "space.yaml: plan.zero_stage: DeepSpeed's AutoTP training and the service's tensor-parallel "
+        "layers run with ZeRO 0-2; with tp > 1 deepspeed supports zero_stage 0, 1 or 2 only"
     )
     with pytest.raises(
         SpecError, match=r"^space\.yaml: plan\.offload_params: parameter offload needs zero_stage 3$"

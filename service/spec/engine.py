@@ -1,0 +1,124 @@
+"""`EngineRules`: what a training engine can combine and how it runs a step, read from data files.
+
+Each engine (deepspeed, fsdp, megatron) is one YAML file under service/catalog/engines/. Every field
+there holds a value, the source that documents it and, for a limit a plan can break, `why`: the start
+of the one-line error. `plan_problem` (spec/plan.py), the vectorised rules (plans/rules.py), the
+enumerator and the cost model all read this one table; none of them branches on an engine's name.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from service.spec.errors import validate_as
+
+Engine = Literal["deepspeed", "fsdp", "megatron"]
+ContextStyle = Literal["ulysses", "ring"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+_DIR = Path(__file__).resolve().parent.parent / "catalog" / "engines"
+
+
+class ContextParallelRule(BaseModel):
+    """How an engine splits the sequence over `cp` ranks, and what that asks of the model and workload.
+
+    ulysses: DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509, §3): all-to-alls turn the
+    sequence shard of q, k, v into a head shard before attention and back after, so each of the cp ranks
+    needs whole query heads: (heads / tp) % cp == 0 (KV heads fewer than cp are repeated, DeepSpeed's
+    uneven-head all-to-all). ring: Megatron-Core context parallelism and torchtitan's ring attention
+    (Liu et al. 2023, arXiv 2310.01889) pass KV chunks around a ring; the load-balanced causal split
+    cuts the sequence into 2·cp chunks.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    style: ContextStyle
+    heads_divisible: bool  # (attention heads / tp) % cp must be 0
+    seq_chunks_per_rank: int = Field(gt=0)  # seq_len % (cp · this) must be 0
+
+
+class EngineRules(BaseModel):
+    """One engine's limits (the plan rules) and its ways of running a step (the cost model's switches)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Engine
+    # What the engine can combine.
+    zero_stages: tuple[Literal[0, 1, 2, 3], ...]
+    max_zero_stage_with_pp: int = Field(ge=0, le=3)  # highest ZeRO stage with pp > 1
+    max_zero_stage_with_tp: int = Field(ge=0, le=3)  # highest ZeRO stage with tp > 1
+    # separate: optimizer (stage ≥ 1) and parameters (stage 3) each on their own; together: both or
+    # neither; none: no host offload.
+    offload: Literal["separate", "together", "none"]
+    hierarchical_zero: bool  # ZeRO++ (hpZ, qwZ, qgZ) and MiCS
+    interleaved_pipeline: bool  # virtual_stages > 1 (interleaved 1F1B)
+    comm_overlap: bool  # Plan.comm_overlap allowed
+    tp_comm_overlap: bool  # Plan.tp_comm_overlap allowed
+    context_parallel: ContextParallelRule
+    # How it runs a step.
+    vocab_parallel: bool  # embedding and loss split over the TP ranks
+    transformer_engine: bool  # blocks built from Transformer Engine modules (saved tensors, fused attention)
+    gradient_reduce: Literal["all_reduce", "reduce_scatter"]  # ZeRO 1-2's gradient collective
+    gather_buffers: bool  # separate bucket buffers for the gradient reduce and parameter gather
+    block_sharding_from_stage: int | None = Field(ge=0, le=3)  # per-block gather/reduce from this stage
+    tp_backward_overlap: bool  # input-gradient TP collective behind the weight-gradient GEMM
+    pipeline_scatter_gather: bool  # pipeline sends split over the TP ranks, all-gathered after
+    # Per field: where it is documented, and the start of the error for a plan that breaks it.
+    sources: dict[str, str]
+    why: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _every_field_cited(self) -> EngineRules:
+        cited = set(type(self).model_fields) - {"name", "sources", "why"}
+        missing = sorted(cited - set(self.sources))
+        if missing:
+            raise ValueError(f"no source for {', '.join(missing)}")
+        highest = (self.max_zero_stage_with_pp, self.max_zero_stage_with_tp)
+        if any(stage not in self.zero_stages for stage in highest):
+            raise ValueError("max_zero_stage_with_pp / _with_tp must be one of zero_stages")
+        return self
+
+    def stages_up_to(self, highest: int) -> str:
+        """The engine's ZeRO stages up to `highest`, as an error message lists them ("0, 1 or 2")."""
+        stages = [str(s) for s in self.zero_stages if s <= highest]
+        return stages[0] if len(stages) == 1 else f"{', '.join(stages[:-1])} or {stages[-1]}"
+
+    def reason(self, field: str, default: str) -> str:
+        return self.why.get(field, default)
+
+
+def _flatten(data: Any, path: Path) -> Any:
+    """{field: {value, source, why}} as the file writes it → EngineRules' fields, sources and why."""
+    if not isinstance(data, dict):
+        return data
+    out: dict[str, Any] = {"sources": {}, "why": {}}
+    for key, entry in data.items():
+        if isinstance(entry, dict) and "value" in entry:
+            out[key] = entry["value"]
+            if "source" in entry:
+                out["sources"][key] = entry["source"]
+            if "why" in entry:
+                out["why"][key] = entry["why"]
+            extra = set(entry) - {"value", "source", "why"}
+            if extra:
+                out.setdefault("_unknown", sorted(extra))  # extra="forbid" names it
+        else:
+            out[key] = entry
+    return out
+
+
+@cache
+def engine_rules(name: str) -> EngineRules:
+    """The rules of engine `name`, from service/catalog/engines/{name}.yaml."""
+    from service.spec.experiment import read_yaml
+
+    path = _DIR / f"{name}.yaml"
+    return validate_as(EngineRules, _flatten(read_yaml(path), path), str(path))
+
+
+def engines_with(field: str) -> list[str]:
+    """The engines whose `field` is true (for messages: "needs engine megatron")."""
+    return [e for e in ENGINES if getattr(engine_rules(e), field)]
