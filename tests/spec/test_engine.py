@@ -44,6 +44,9 @@ def test_deepspeed_pipeline_engine_refuses_zero_2_and_3_and_runs_plain_1f1b():
     # The schedules PipelineEngine builds: 1F1B for training, one for inference; nothing interleaved.
     assert set(re.findall(r"schedule\.(\w+Schedule)\(", source)) == {"TrainSchedule", "InferenceSchedule"}
     assert not engine_rules("deepspeed").interleaved_pipeline
+    # DualPipeV (two stages per rank) runs only for a DualPipeVModule, which the proxy never builds.
+    train = Path(__file__).parents[2] / "service" / "train"
+    assert not any("DualPipeV" in f.read_text() for f in train.glob("*.py"))
 
 
 def test_deepspeed_has_zero_plus_plus_and_separate_offloads():
