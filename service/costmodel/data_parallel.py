@@ -76,12 +76,25 @@ def comm_offload_and_optimizer_s(
     # it (DDP's all-reduce, or the distributed optimizer's reduce-scatter), and --overlap-param-gather
     # gathers the updated parameters bucket by bucket ahead of the next step's forward
     # (megatron/core/distributed/distributed_data_parallel.py, param_and_grad_buffer.py).
+    # Megatron-Core keeps one grad and param buffer per model chunk (param_and_grad_buffer.py, one per
+    # `model` chunk in distributed_data_parallel.py). With v interleaved chunks, a chunk's reduce starts
+    # once its last backward is done, while the other chunks' cooldown backward still runs, and a chunk's
+    # gather runs while the earlier chunks' warmup forwards do (Narayanan et al. 2021 §2.2.2: each chunk
+    # passes pp micro-batches in turn). Only the last chunk's reduce and the first chunk's gather wait on
+    # their own micro-batch; the other (v − 1)/v hide behind (v − 1)/v of pp micro-batches' compute.
     overlap = p.comm_overlap
+    v = p.virtual_stages
+    turn = np.minimum(p.pp, ga) * (v - 1) / v  # micro-batch slots of the other chunks per chunk turn
+
+    def behind_chunks(collective: Num, compute_s: Num) -> np.ndarray:
+        own = behind(collective / v, compute_s / v)
+        return own + behind(collective * (v - 1) / v, turn * compute_s)
+
     dp_comm = np.select(
         [p.zero_stage == 0, p.zero_stage == 1, p.zero_stage == 2],
         [
-            np.where(overlap, behind(ar, bwd), ar),
-            behind(reduce, bwd) + np.where(overlap, behind(ag, fwd), ag),
+            np.where(overlap, behind_chunks(ar, bwd), ar),
+            np.where(overlap, behind_chunks(reduce, bwd) + behind_chunks(ag, fwd), behind(reduce, bwd) + ag),
             ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
         ga * behind(z3.per_micro_batch, fwd + bwd) + z3.per_step,

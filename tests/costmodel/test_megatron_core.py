@@ -157,3 +157,33 @@ def test_megatron_fsdp_shards_like_fsdp_without_a_pipeline():
     )
     with pytest.raises(ValueError, match="priced without a pipeline"):
         Plan(dp=16, pp=4, zero_stage=2, grad_accum=8, engine="megatron")
+
+
+def test_interleaved_chunks_reduce_and_gather_behind_the_other_chunks_compute():
+    """Megatron-Core keeps a grad/param buffer per model chunk: with v chunks only the last chunk's
+    reduce and the first chunk's gather wait on their own micro-batch; the other (v − 1)/v run behind
+    the other chunks' compute. Without contention and with compute c per micro-batch where
+    min(reduce, gather) ≥ c ≥ (reduce + gather)/pp, v = 1 exposes (reduce − c) + (gather − c) and v
+    chunks expose exactly 1/v of that."""
+    from service.costmodel import data_parallel
+    from service.plans.table import PlanTable
+
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
+    base = dict(dp=8, tp=8, pp=8, zero_stage=1, grad_accum=16, engine="megatron")
+    gpu, net = cluster.gpu, comm.Links()
+
+    def exposed(v: int, compute_s: float, overlap: bool = True) -> float:
+        plan = Plan(**base, comm_overlap=overlap, virtual_stages=v)
+        c = np.array([compute_s])
+        table = PlanTable.from_plans([plan])
+        return float(
+            data_parallel.comm_offload_and_optimizer_s(LLAMA70, cluster, table, c, c, gpu, net)[0][0]
+        )
+
+    total = exposed(1, 0.0)  # reduce + gather with nothing to hide behind
+    assert exposed(4, 0.0) == pytest.approx(total)  # chunks do not shrink the traffic
+    c = total / 8  # = (reduce + gather)/pp, ≤ each of them (they are of similar size)
+    assert exposed(4, c) == pytest.approx(exposed(1, c) / 4, rel=1e-9)
+    assert exposed(1, c) == pytest.approx(total - 2 * c, rel=1e-9)
+    # Without --overlap-grad-reduce / --overlap-param-gather, the chunks change nothing.
+    assert exposed(4, c, overlap=False) == pytest.approx(exposed(1, c, overlap=False))

@@ -27,5 +27,8 @@ def test_deepspeed_answer_is_3d_with_mfu_in_the_published_band():
 
 
 def test_other_engines_are_ranked_beside_it():
+    """Megatron-Core with its overlaps goes above Meta's band but not above what NVIDIA reports for it:
+    "up to 47% Model FLOP Utilization (MFU) on H100 clusters" (Megatron-LM README, bf16 weak scaling,
+    2B-462B models)."""
     plan, mfu = _best(("deepspeed", "megatron", "fsdp"))
-    assert plan.engine in ("megatron", "fsdp") and 0.34 <= mfu <= 0.46
+    assert plan.engine in ("megatron", "fsdp") and 0.34 <= mfu <= 0.47
