@@ -85,6 +85,8 @@ def saved_search(folder: Path, experiment: ExperimentSpec, choices: list[Choice]
     wanted = [c.proxy_plan.short() for c in choices]
     found = sorted(folder.glob(f"*/{STATE_FILE}"), key=lambda p: p.stat().st_mtime, reverse=True)
     for state_file in found:
+        if not Search.can_restore(state_file.parent):  # Tune's state cut off by the kill: start afresh
+            continue
         try:
             state = json.loads(state_file.read_text())
             keys = [c["key"] for c in state["pruning"]["candidates"]]

@@ -48,6 +48,29 @@ def _env(**values: str) -> Any:
             os.environ.pop(k, None)
 
 
+def tune_state_problem(folder: Path) -> str | None:
+    """Why Tune cannot continue the search saved in `folder`, or None (also when Tune never saved one:
+    the driver died before its Tuner started, and the search starts its Tuner afresh).
+
+    Ray Tune writes `experiment_state-*.json` in place (`TuneController.save_to_dir`: open "w", then
+    json.dump), so a driver killed during that write leaves it empty or cut off. `Tuner.restore` then
+    restores no trial while the searcher's own state (written next) says which plans it launched: the
+    continued search re-ran one plan and never ran another (seen once, a run killed as its first proxy
+    finished). Such a search is not continued."""
+    states = sorted(folder.glob("experiment_state-*.json"))
+    if not states:
+        return None
+    newest = states[-1]
+    try:
+        json.loads(newest.read_text())
+    except (OSError, ValueError):
+        return (
+            f"Tune's state {newest.name} in {folder} was cut off when its driver was killed; "
+            "start the search again"
+        )
+    return None
+
+
 def driver_cpus(world_size: int) -> int:
     """Logical CPUs of a local Ray for a search: one beyond the machine's (or the trial's world size, if
     larger) for the trial drivers, which hold 0.01 CPU each while their workers hold one CPU each."""
@@ -172,7 +195,7 @@ class Search:
 
     @classmethod
     def can_restore(cls, path: str | Path) -> bool:
-        return (Path(path) / STATE_FILE).is_file()
+        return (Path(path) / STATE_FILE).is_file() and tune_state_problem(Path(path)) is None
 
     @classmethod
     def restore(cls, path: str | Path, progress: bool = False) -> Search:
@@ -182,8 +205,11 @@ class Search:
         only matters when the driver died before its Tuner started.
         """
         folder = Path(path).resolve()
-        if not cls.can_restore(folder):
+        if not (folder / STATE_FILE).is_file():
             raise SpecError("resume", f"{folder} is not a search folder (no {STATE_FILE})")
+        cut = tune_state_problem(folder)
+        if cut:
+            raise SpecError("resume", cut)
         try:
             return cls._from_state(folder, json.loads((folder / STATE_FILE).read_text()), progress)
         except (ValueError, KeyError, TypeError) as err:  # pydantic's ValidationError is a ValueError

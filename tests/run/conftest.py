@@ -1,12 +1,14 @@
 """One real `run` on tiny-cpu shared by the end-to-end, resume and memo-in-a-browser tests.
 
 It is killed once on purpose: `python -m service run` starts in a subprocess, is killed (its whole
-process group, Ray included) as soon as its first proxy trial has finished, and is then run again in
-this process on the same folder. The tests check that the finished trial was not run again.
+process group, Ray included) as soon as its first proxy trial has finished and Tune has saved it, and is
+then run again in this process on the same folder. The tests check that the finished trial was not run
+again.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,9 +74,15 @@ def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400)
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             done = sorted(out.glob("search/*/proxy_runs/trial-*/outcome.json"))
-            if done:
-                break
-            time.sleep(1)
+            if done and _tune_saved(done):
+                # Stop the driver, and kill it only while Tune's saved state is whole: Tune rewrites it
+                # in place every 2 s, and a kill during a write cuts it off (the search is then not
+                # continued: service.search.driver.tune_state_problem).
+                os.killpg(proc.pid, signal.SIGSTOP)
+                if _tune_saved(done):
+                    break
+                os.killpg(proc.pid, signal.SIGCONT)
+            time.sleep(0.2)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -82,6 +90,18 @@ def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400)
         _kill_session(proc.pid)
         log.close()
     return done
+
+
+def _tune_saved(finished: list[Path]) -> bool:
+    """Whether Tune's newest saved state (whole JSON) lists every finished trial as TERMINATED."""
+    folder = finished[0].parents[2]  # search/<name>/proxy_runs/trial-<id>/outcome.json
+    states = sorted(folder.glob("experiment_state-*.json"))
+    try:
+        trials = [json.loads(t[0]) for t in json.loads(states[-1].read_text())["trial_data"]]
+    except (IndexError, OSError, ValueError, KeyError):
+        return False
+    ended = {t["trial_id"] for t in trials if t["status"] == "TERMINATED"}
+    return {p.parent.name.removeprefix("trial-") for p in finished} <= ended
 
 
 def _kill_session(sid: int) -> None:

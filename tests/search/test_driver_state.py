@@ -62,6 +62,24 @@ def test_restore_errors_are_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(info.value)
 
 
+def test_a_search_whose_tune_state_was_cut_off_is_not_continued(tmp_path: Path, monkeypatch) -> None:
+    """Tune writes experiment_state-*.json in place; a driver killed during the write leaves it empty.
+    Continuing would restore no trial while the searcher remembers its launches, so the search says so
+    in one line instead (and `run` starts a fresh one: tests/run)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    search = Search(EXPERIMENT, SPACE, algorithm="random", max_trials=2, storage_path=tmp_path, name="s2")
+    search.path.mkdir(parents=True)
+    (search.path / STATE_FILE).write_text(json.dumps(search._state()))
+    assert Search.can_restore(search.path)  # the driver died before Tune saved anything
+    (search.path / "experiment_state-2026-12-03_19-54-44.json").write_text('{"trial_data": [')
+    assert not Search.can_restore(search.path)
+    with pytest.raises(SpecError, match=r"experiment_state-2026-12-03_19-54-44\.json .* was cut off") as info:
+        Search.restore(search.path)
+    assert "\n" not in str(info.value)
+    (search.path / "experiment_state-2026-12-03_19-54-44.json").write_text('{"trial_data": []}')
+    assert Search.can_restore(search.path) and Search.restore(search.path)._restored
+
+
 def test_concurrency_is_capped_by_resources_and_world_size(monkeypatch) -> None:
     import ray
 
