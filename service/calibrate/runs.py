@@ -16,11 +16,10 @@ import csv
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.catalog import load_gpu, load_model
-from service.plans.table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable
+from service.plans.table import PlanTable
 from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workload, plan_problem
 from service.spec.errors import validate_as
 from service.spec.plan import Engine
@@ -95,6 +94,7 @@ class Measurement(BaseModel):
     virtual_stages: int = Field(1, gt=0)
     comm_overlap: bool = Field(False, description="Megatron-Core's pipeline/DP overlaps (Plan.comm_overlap).")
     tp_comm_overlap: bool = Field(False, description="Megatron-Core's TP overlap (Plan.tp_comm_overlap).")
+    shard_group_size: int = Field(0, ge=0, description="ZeRO-3 shard group: FSDP's HSDP (0 = off).")
     engine: Engine | None = Field(None, description="What ran it; default: its source's engine.")
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     measured: Measured
@@ -115,7 +115,7 @@ class Measurement(BaseModel):
     def plan_fields(self) -> dict[str, Any]:
         keys: tuple[str, ...] = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch", "grad_accum")
         keys += ("recompute", "sequence_parallel", "virtual_stages", "precision", "comm_overlap")
-        keys += ("tp_comm_overlap",)
+        keys += ("tp_comm_overlap", "shard_group_size")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -225,26 +225,7 @@ class MeasuredRun(BaseModel):
     approximate: bool = False
 
     def plan_table(self) -> PlanTable:
-        p = self.plan
-        cols = {
-            "dp": p.dp,
-            "tp": p.tp,
-            "pp": p.pp,
-            "cp": p.cp,
-            "zero_stage": p.zero_stage,
-            "micro_batch": p.micro_batch,
-            "grad_accum": p.grad_accum,
-            "sequence_parallel": p.sequence_parallel,
-            "virtual_stages": p.virtual_stages,
-            "comm_overlap": p.comm_overlap,
-            "tp_comm_overlap": p.tp_comm_overlap,
-            "engine": ENGINE_CODES.index(p.engine),
-            "recompute": RECOMPUTE_CODES.index(p.recompute),
-            "precision": PRECISION_CODES.index(p.precision),
-            "offload_optimizer": p.offload_optimizer,
-            "offload_params": p.offload_params,
-        }
-        return PlanTable.from_columns(**{k: np.asarray([v]) for k, v in cols.items()})
+        return PlanTable.from_plans([self.plan])
 
 
 def row_plan(ds: Dataset, row: Measurement) -> Plan:

@@ -28,7 +28,7 @@ FLAGS = {
     "precision": "--precision",
     "cp": "--cp",
     "zero_hpz_partition_size": "--zero-hpz",
-    "mics_shard_size": "--mics-shard-size",
+    "shard_group_size": "--shard-group-size",
     "zero_quantized_weights": "--zero-quantized-weights",
     "zero_quantized_gradients": "--zero-quantized-gradients",
     "comm_overlap": "--comm-overlap",
@@ -86,10 +86,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ZeRO++ hpZ: secondary parameter partition over N ranks of a node (ZeRO 3, deepspeed; 1 = off).",
     )
     a(
-        "--mics-shard-size",
+        "--shard-group-size",
         type=int,
         default=0,
-        help="MiCS: shard model states within groups of N ranks (ZeRO 3, deepspeed; 0 = off).",
+        help="Shard groups (HSDP): ZeRO-3 shards in groups of N ranks, replicated across (fsdp; 0 = off).",
     )
     a("--zero-quantized-weights", action="store_true", help="ZeRO++ qwZ: int8 weight all-gathers.")
     a("--zero-quantized-gradients", action="store_true", help="ZeRO++ qgZ: int4 gradient reduction.")
@@ -186,13 +186,13 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         micro_batch=args.micro_batch, grad_accum=args.grad_accum, recompute=args.recompute,
         sequence_parallel=args.sequence_parallel, precision=args.precision,
         virtual_stages=args.virtual_stages, engine=args.engine,
-        zero_hpz_partition_size=args.zero_hpz, mics_shard_size=args.mics_shard_size,
+        zero_hpz_partition_size=args.zero_hpz, shard_group_size=args.shard_group_size,
         zero_quantized_weights=args.zero_quantized_weights,
         zero_quantized_gradients=args.zero_quantized_gradients,
         comm_overlap=args.comm_overlap, tp_comm_overlap=args.tp_comm_overlap,
     )  # fmt: skip
-    if args.mics_shard_size < 0:
-        raise SpecError("--mics-shard-size", f"must be 0 (off) or more, got {args.mics_shard_size}")
+    if args.shard_group_size < 0:
+        raise SpecError("--shard-group-size", f"must be 0 (off) or more, got {args.shard_group_size}")
     if not 0 <= args.headroom < 1:
         raise SpecError("--headroom", f"must be in [0, 1), got {args.headroom}")
     if args.tokens_to_train <= 0:

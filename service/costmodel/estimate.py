@@ -50,7 +50,7 @@ class _Memory:
 def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.ndarray, ...]:
     """(params, grads, optimizer) on the GPU and bytes moved to the host, for Ψ = `psi` params."""
     pb, gb, ob = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    shards = hz.shard_ranks(p)  # dp·cp ranks, or MiCS's shard group (costmodel/hierarchical_zero.py)
+    shards = hz.shard_ranks(p)  # dp·cp ranks, or the plan's shard group (costmodel/hierarchical_zero.py)
     params, grads, optimizer = mem.zero_sharded_bytes(psi, shards, p.zero_stage, pb, gb, ob)
     persistent = mem.zero3_persistent_params(model, p.tp, p.pp, p.virtual_stages)
     params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / shards), params)

@@ -1,4 +1,4 @@
-"""ZeRO-3's collectives and shards with ZeRO++ (hpZ, qwZ, qgZ) and MiCS, as DeepSpeed runs them.
+"""ZeRO-3's collectives and shards with DeepSpeed's ZeRO++ (hpZ, qwZ, qgZ) and with shard groups (HSDP).
 
 Plain ZeRO-3 (Rajbhandari et al. 2020, §7.2.2) all-gathers each module's parameters over all dp·cp
 ranks in forward and again in backward, and reduce-scatters the gradients: 3 × Ψ-sized messages per
@@ -12,12 +12,13 @@ cuts the cross-node volume from 3M to 0.75M:
 * qgZ (§3.3): gradients are reduced with int4 all-to-alls (hierarchically, intra- then inter-node)
   instead of a 16-bit reduce-scatter: a quarter of the bytes.
 
-MiCS (Zhang et al. 2022, arXiv 2205.00119, "scale-aware partitioning", "hierarchical communication")
-shards the model states over groups of
-`mics_shard_size` ranks only and replicates them across groups: parameter gathers and gradient
-reduce-scatters stay inside a group, and the replicas all-reduce their gradient shard once per step
-(MiCS's 2-hop synchronisation at the accumulation boundary). DeepSpeed config keys:
-service/spec/zero.py `hierarchical_zero_config`.
+Shard groups (`Plan.shard_group_size`; FSDP's hybrid shard, HSDP: ShardingStrategy.HYBRID_SHARD, FSDP2
+on a (replicate, shard) mesh; MiCS, Zhang et al. 2022, arXiv 2205.00119, is the same layout) shard the
+model states over groups of `shard_group_size` ranks only and replicate them across groups: parameter
+gathers and gradient reduce-scatters stay inside a group, and the replicas all-reduce their gradient
+shard, once per micro-batch for FSDP (after every backward unless `set_requires_all_reduce(False)`) or
+once per step (MiCS's 2-hop synchronisation at the accumulation boundary): the engine's `replica_sync`.
+DeepSpeed config keys of ZeRO++: service/spec/zero.py `hierarchical_zero_config`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ QGZ_BYTES_RATIO = 0.25  # int4 over 16-bit gradients (ZeRO++ §3.3)
 
 
 def shard_ranks(p: PlanTable) -> np.ndarray:
-    """Ranks the model states are sharded over: the dp·cp ZeRO ranks, or MiCS's shard group."""
-    return np.where(p.mics_shard_size > 0, p.mics_shard_size, p.dp * p.cp)
+    """Ranks the model states are sharded over: the dp·cp ZeRO ranks, or the plan's shard group."""
+    return np.where(p.shard_group_size > 0, p.shard_group_size, p.dp * p.cp)
 
 
 def hpz_secondary_bytes(sharded_params: Num, param_bytes: Num, hpz: Num) -> Num:
@@ -48,7 +49,7 @@ def hpz_secondary_bytes(sharded_params: Num, param_bytes: Num, hpz: Num) -> Num:
 @dataclass(frozen=True)
 class Zero3Comm:
     """ZeRO-3 collective time: what each micro-batch moves (hidden behind its compute where it can
-    be) and what each optimizer step adds once (MiCS's replica all-reduce, not overlapped)."""
+    be) and what each optimizer step adds once (a once-per-step replica all-reduce, not overlapped)."""
 
     per_micro_batch: np.ndarray
     per_step: np.ndarray
@@ -63,8 +64,9 @@ def zero3_collectives_s(
     collectives: Num,
     links: comm.Links,
 ) -> Zero3Comm:
-    """Forward gather + backward gather + gradient reduce-scatter per micro-batch, and the per-step
-    replica all-reduce, for plain ZeRO-3, ZeRO++ and MiCS (see the module docstring)."""
+    """Forward gather + backward gather + gradient reduce-scatter per micro-batch, and the replicas'
+    all-reduce of their gradient shard (per micro-batch or per step, the engine's `replica_sync`), for
+    plain ZeRO-3, ZeRO++ and shard groups (see the module docstring)."""
     group, stride = shard_ranks(p), p.tp
     weights = np.where(p.zero_quantized_weights, QWZ_BYTES_RATIO, 1.0) * params_bytes
     forward = comm.all_gather_time_s(weights, group, stride, gpus_per_node, gpu, collectives, links)
@@ -75,6 +77,11 @@ def zero3_collectives_s(
     reduce = comm.reduce_scatter_time_s(grads, group, stride, gpus_per_node, gpu, collectives, links)
     replicas = p.dp * p.cp // np.maximum(group, 1)
     shard = grads_bytes / np.maximum(group, 1)
-    across = comm.all_reduce_time_s(shard, replicas, stride * group, gpus_per_node, gpu, 1.0, links)
-    per_step = np.where(p.mics_shard_size > 0, across, 0.0)
-    return Zero3Comm(np.asarray(forward + backward + reduce, dtype=float), np.asarray(per_step, dtype=float))
+    grouped = p.shard_group_size > 0
+    every_micro_batch = grouped & (p.engine_column("replica_sync") == "micro_batch")
+    # Per micro-batch (FSDP), each block's shard is all-reduced after its reduce-scatter: one call each.
+    calls = np.where(every_micro_batch, collectives, 1.0)
+    across = comm.all_reduce_time_s(shard, replicas, stride * group, gpus_per_node, gpu, calls, links)
+    per_micro_batch = forward + backward + reduce + np.where(every_micro_batch, across, 0.0)
+    per_step = np.where(grouped & ~every_micro_batch, across, 0.0)
+    return Zero3Comm(np.asarray(per_micro_batch, dtype=float), np.asarray(per_step, dtype=float))

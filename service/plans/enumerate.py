@@ -105,32 +105,38 @@ def _engine_structures(shapes: np.ndarray, engine: Engine, virtual_stages: Seque
 def zero_variants(
     gpus_per_node: int, num_gpus: int, quantized: bool = False
 ) -> list[tuple[int, int, bool, bool]]:
-    """(hpZ size, MiCS shard, qwZ, qgZ) tried on DeepSpeed ZeRO-3 plans besides plain ZeRO-3: hpZ in a
-    node and, when `quantized` (the experiment's `quantized_collectives`), ZeRO++'s full recipe (hpZ +
-    qwZ + qgZ) and quantized collectives alone (no MiCS: DeepSpeed 0.19.8 has none). None on a single
-    node: an hpZ group of a node is then plain ZeRO-3, and ZeRO++ targets the cross-node links (Wang et
-    al. 2023 §1). Quantized collectives are opt-in: int8 weights and int4 gradients change what a step
-    computes, and the cost model does not price the quantization kernels, so they would win ties they
-    may not win."""
+    """(hpZ size, shard group, qwZ, qgZ) tried on ZeRO-3 plans besides plain ZeRO-3: hpZ in a node
+    (DeepSpeed), shard groups of a node's worth of ranks (FSDP's HSDP) and, when `quantized` (the
+    experiment's `quantized_collectives`), ZeRO++'s full recipe (hpZ + qwZ + qgZ) and quantized
+    collectives alone. Each engine's rules keep the ones it has. None on a single node: an hpZ group or a
+    shard group of a node is then plain ZeRO-3, and both target the cross-node links (Wang et al. 2023
+    §1). Quantized collectives are opt-in: int8 weights and int4 gradients change what a step computes,
+    and the cost model does not price the quantization kernels, so they would win ties they may not
+    win."""
     n = gpus_per_node
     if num_gpus <= n:
         return []
-    return [(n, 0, False, False)] + ([(n, 0, True, True), (1, 0, True, True)] if quantized else [])
+    zero_plus_plus = [(n, 0, True, True), (1, 0, True, True)] if quantized else []
+    return [(n, 0, False, False), (1, n, False, False), *zero_plus_plus]
 
 
 def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int, quantized: bool) -> PlanTable:
-    """`table` plus, for each of its ZeRO-3 rows, one row per `zero_variants` setting."""
-    z3 = table.take(table.zero_stage == 3)
-    extra = [
-        dataclasses.replace(
-            z3,
-            zero_hpz_partition_size=np.full(len(z3), hpz, dtype=np.int64),
-            mics_shard_size=np.full(len(z3), mics, dtype=np.int64),
-            zero_quantized_weights=np.full(len(z3), qw),
-            zero_quantized_gradients=np.full(len(z3), qg),
+    """`table` plus, for each of its ZeRO-3 rows, one row per `zero_variants` setting its engine has
+    (ZeRO++ on engines with `zero_plus_plus`, shard groups on those with `shard_groups`): a variant an
+    engine's table refuses would only add candidates that fail its first rule."""
+    extra = []
+    for hpz, group, qw, qg in zero_variants(gpus_per_node, num_gpus, quantized):
+        field = "shard_groups" if group else "zero_plus_plus"
+        z3 = table.take((table.zero_stage == 3) & table.engine_column(field))
+        extra.append(
+            dataclasses.replace(
+                z3,
+                zero_hpz_partition_size=np.full(len(z3), hpz, dtype=np.int64),
+                shard_group_size=np.full(len(z3), group, dtype=np.int64),
+                zero_quantized_weights=np.full(len(z3), qw),
+                zero_quantized_gradients=np.full(len(z3), qg),
+            )
         )
-        for hpz, mics, qw, qg in zero_variants(gpus_per_node, num_gpus, quantized)
-    ]
     return concat([table, *extra])
 
 
@@ -143,7 +149,7 @@ def _structures(
     quantized: bool = False,
 ) -> PlanTable:
     """The rows the structural rules look at, engine by engine: micro_batch 1, grad_accum 1, recompute
-    none. DeepSpeed's ZeRO-3 rows also come with ZeRO++ and MiCS settings (`zero_variants`)."""
+    none. ZeRO-3 rows also come with ZeRO++ and shard-group settings (`zero_variants`)."""
     shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
     tables = [_engine_structures(shapes, e, virtual_stages) for e in engines]
     tables = [
@@ -265,13 +271,13 @@ def outside_space(
         return f"the planner tries cp up to {DEFAULT_MAX_CP}"
     if plan.virtual_stages not in DEFAULT_VIRTUAL_STAGES:
         return f"the planner tries virtual_stages in {list(DEFAULT_VIRTUAL_STAGES)}"
-    hpz, mics = plan.zero_hpz_partition_size, plan.mics_shard_size
-    zero = (hpz, mics, plan.zero_quantized_weights, plan.zero_quantized_gradients)
+    hpz, group = plan.zero_hpz_partition_size, plan.shard_group_size
+    zero = (hpz, group, plan.zero_quantized_weights, plan.zero_quantized_gradients)
     variants = zero_variants(cluster.gpus_per_node, cluster.num_gpus, quantized_collectives)
     if (plan.zero_quantized_weights or plan.zero_quantized_gradients) and not quantized_collectives:
         return "the planner tries ZeRO++'s quantized collectives only with `quantized_collectives: true`"
     if zero != (1, 0, False, False) and zero not in variants:
-        return "the planner tries ZeRO++ / MiCS only as `zero_variants` lists them (multi-node clusters)"
+        return "the planner tries ZeRO++ and shard groups only as `zero_variants` lists them (multi-node)"
     rules = engine_rules(plan.engine)
     if rules.comm_overlap != plan.comm_overlap or plan.tp_comm_overlap != (
         rules.tp_comm_overlap and plan.sequence_parallel

@@ -24,9 +24,10 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("valid", "", ""),
     ("offload_params without zero_stage 3", "offload_params", "parameter offload needs zero_stage 3"),
     ("offload_optimizer with zero_stage 0", "offload_optimizer", "optimizer offload needs zero_stage"),
-    ("ZeRO++/MiCS on an engine without them", "engine", "are DeepSpeed features"),
-    ("ZeRO++/MiCS without zero_stage 3", "zero_stage", "they need zero_stage 3"),
-    ("MiCS with hpZ", "mics_shard_size", "choose one"),
+    ("ZeRO++ on an engine without it", "engine", "has no ZeRO++"),
+    ("ZeRO++ without zero_stage 3", "zero_stage", "it needs zero_stage 3"),
+    ("shard groups on an engine without them", "shard_group_size", "shard groups need engine"),
+    ("shard groups without zero_stage 3", "zero_stage", "they need zero_stage 3"),
     ("ZeRO stage the engine lacks", "zero_stage", " has zero_stage "),
     ("ZeRO stage too high with pp > 1", "zero_stage", "with pp > 1 "),
     ("ZeRO stage too high with tp > 1", "zero_stage", "with tp > 1 "),
@@ -44,7 +45,7 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("pp exceeds layers", "pp", "exceeds num_layers"),
     ("pp·virtual_stages exceeds layers", "virtual_stages", "exceeds num_layers"),
     ("hpZ group does not divide dp·cp", "zero_hpz_partition_size", "does not divide the"),
-    ("MiCS shard does not divide dp·cp", "mics_shard_size", "does not divide the"),
+    ("shard group does not divide dp·cp", "shard_group_size", "does not divide the"),
     ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
     ("tp does not divide gpus_per_node", "tp", "must divide gpus_per_node"),
     ("fp8 on a GPU without FP8", "precision", "has no FP8 tensor cores"),
@@ -53,9 +54,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-16 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-17 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:17])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:18])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -72,16 +73,17 @@ def reason_code(problem: tuple[str, str] | None) -> int:
 def _combination_rules(p: PlanTable) -> list[np.ndarray]:
     """The rules that need nothing but the plan (`_plan_only_problem`), each engine's limits read from
     its rule table (service/catalog/engines/) as columns."""
-    hpz, mics = p.zero_hpz_partition_size > 1, p.mics_shard_size > 0
-    hierarchical = hpz | mics | p.zero_quantized_weights | p.zero_quantized_gradients
+    hpz, groups = p.zero_hpz_partition_size > 1, p.shard_group_size > 0
+    zero_plus_plus = hpz | p.zero_quantized_weights | p.zero_quantized_gradients
     has_stage = np.array([[z in engine_rules(e).zero_stages for z in range(4)] for e in ENGINE_CODES])
     offload = np.asarray(p.engine_column("offload"))
     return [
         p.offload_params & (p.zero_stage != 3),
         p.offload_optimizer & (p.zero_stage == 0),
-        hierarchical & ~p.engine_column("hierarchical_zero"),
-        hierarchical & (p.zero_stage != 3),
-        hpz & mics,
+        zero_plus_plus & ~p.engine_column("zero_plus_plus"),
+        zero_plus_plus & (p.zero_stage != 3),
+        groups & ~p.engine_column("shard_groups"),
+        groups & (p.zero_stage != 3),
         ~has_stage[p.engine, p.zero_stage],
         (p.pp > 1) & (p.zero_stage > p.engine_column("max_zero_stage_with_pp")),
         (p.tp > 1) & (p.zero_stage > p.engine_column("max_zero_stage_with_tp")),
@@ -115,7 +117,7 @@ def problem_codes(
         p.pp > model.num_layers,
         p.pp * p.virtual_stages > model.num_layers,
         (p.dp * p.cp) % p.zero_hpz_partition_size != 0,
-        (p.mics_shard_size > 0) & ((p.dp * p.cp) % np.maximum(p.mics_shard_size, 1) != 0),
+        (p.shard_group_size > 0) & ((p.dp * p.cp) % np.maximum(p.shard_group_size, 1) != 0),
     ]
     none = np.zeros(len(p), bool)
     if cluster is not None:

@@ -38,7 +38,7 @@ class PlanTable:
     engine: np.ndarray  # index into ENGINE_CODES
     cp: np.ndarray  # context-parallel degree (1 = whole sequences per rank)
     zero_hpz_partition_size: np.ndarray  # ZeRO++ hpZ secondary partition (1 = off)
-    mics_shard_size: np.ndarray  # MiCS shard group (0 = off)
+    shard_group_size: np.ndarray  # ZeRO-3 shard group, HSDP (0 = all dp·cp ranks)
     zero_quantized_weights: np.ndarray  # ZeRO++ qwZ
     zero_quantized_gradients: np.ndarray  # ZeRO++ qgZ
     comm_overlap: np.ndarray  # Megatron-Core's pipeline and data-parallel overlaps (megatron only)
@@ -54,16 +54,16 @@ class PlanTable:
     @classmethod
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
         """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` and
-        `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed, the ZeRO++ / MiCS
-        columns and the Megatron overlaps to off."""
+        `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed, the ZeRO++ and
+        shard-group columns and the Megatron overlaps to off."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
-        ints |= {"virtual_stages", "engine", "cp", "zero_hpz_partition_size", "mics_shard_size"}
+        ints |= {"virtual_stages", "engine", "cp", "zero_hpz_partition_size", "shard_group_size"}
         n = len(np.asarray(cols["dp"]))
         cols.setdefault("virtual_stages", np.ones(n, dtype=np.int64))
         cols.setdefault("engine", np.zeros(n, dtype=np.int64))  # deepspeed
         cols.setdefault("cp", np.ones(n, dtype=np.int64))
         cols.setdefault("zero_hpz_partition_size", np.ones(n, dtype=np.int64))
-        cols.setdefault("mics_shard_size", np.zeros(n, dtype=np.int64))
+        cols.setdefault("shard_group_size", np.zeros(n, dtype=np.int64))
         cols.setdefault("zero_quantized_weights", np.zeros(n, dtype=bool))
         cols.setdefault("zero_quantized_gradients", np.zeros(n, dtype=bool))
         cols.setdefault("comm_overlap", np.zeros(n, dtype=bool))

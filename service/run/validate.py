@@ -143,9 +143,9 @@ def proxy_plan_for(plan: Plan, experiment: ExperimentSpec) -> Plan:
     micro-batch without a pipeline, and a pipeline needs at least pp micro-batches in flight. The proxy's
     Ulysses attention runs without a pipeline and without sequence parallelism
     (service/train/context_parallel.py), so a cp plan keeps its cp and drops those two. ZeRO++ keeps hpZ
-    (its group shrunk to divide dp); MiCS (gone from DeepSpeed 0.19.8) and, on CPU, the quantized
-    weights/gradients (no CPU kernel) cannot run and are dropped: the memo's proxy row shows the plan
-    that ran.
+    (its group shrunk to divide dp); shard groups (FSDP's HSDP; the proxy runs DeepSpeed) and, on CPU,
+    the quantized weights/gradients (no CPU kernel) cannot run and are dropped: the memo's proxy row
+    shows the plan that ran.
     """
     proxy, model = experiment.proxy, experiment.model
     workers = proxy.num_workers
@@ -174,7 +174,7 @@ def proxy_plan_for(plan: Plan, experiment: ExperimentSpec) -> Plan:
         sequence_parallel=plan.sequence_parallel and tp > 1 and cp == 1,
         precision=proxy.precision if on_cpu else plan.precision,
         zero_hpz_partition_size=largest(min(plan.zero_hpz_partition_size, dp), lambda d: dp % d == 0),
-        mics_shard_size=0,
+        shard_group_size=0,
         zero_quantized_weights=plan.zero_quantized_weights and not on_cpu,
         zero_quantized_gradients=plan.zero_quantized_gradients and not on_cpu,
     )

@@ -53,7 +53,11 @@ class EngineRules(BaseModel):
     # separate: optimizer (stage ≥ 1) and parameters (stage 3) each on their own; together: both or
     # neither; none: no host offload.
     offload: Literal["separate", "together", "none"]
-    hierarchical_zero: bool  # ZeRO++ (hpZ, qwZ, qgZ) and MiCS
+    zero_plus_plus: bool  # ZeRO++ (hpZ, qwZ, qgZ)
+    # Shard groups (HSDP, MiCS): ZeRO-3 shards over groups of Plan.shard_group_size ranks, replicated
+    # across groups; the replicas all-reduce their gradient shard once per step or per micro-batch.
+    shard_groups: bool
+    replica_sync: Literal["step", "micro_batch"] | None
     interleaved_pipeline: bool  # virtual_stages > 1 (interleaved 1F1B)
     comm_overlap: bool  # Plan.comm_overlap allowed
     tp_comm_overlap: bool  # Plan.tp_comm_overlap allowed
@@ -76,6 +80,8 @@ class EngineRules(BaseModel):
         missing = sorted(cited - set(self.sources))
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
+        if self.shard_groups != (self.replica_sync is not None):
+            raise ValueError("replica_sync (when shard groups' replicas reduce) goes with shard_groups only")
         highest = (self.max_zero_stage_with_pp, self.max_zero_stage_with_tp)
         if any(stage not in self.zero_stages for stage in highest):
             raise ValueError("max_zero_stage_with_pp / _with_tp must be one of zero_stages")

@@ -59,12 +59,13 @@ class Plan(BaseModel):
         description="ZeRO++ hpZ: ranks of the secondary (intra-node) parameter partition that backward "
         "gathers from; 1 = off (DeepSpeed ZeRO-3 only; Wang et al. 2023, arXiv 2306.10209, §3.2).",
     )
-    mics_shard_size: int = Field(
+    shard_group_size: int = Field(
         0,
         ge=0,
-        description="MiCS: shard model states within groups of this many ranks, replicated across groups; "
-        "0 = off (DeepSpeed ZeRO-3; Zhang et al. 2022, arXiv 2205.00119). Priced, not enumerated: DeepSpeed "
-        "0.19.8, which the service runs, removed MiCS, so proxies refuse it (train/proxy_scale.py).",
+        description="ZeRO-3 shard groups: shard the model states within groups of this many ZeRO ranks and "
+        "replicate them across groups; 0 = shard over all dp·cp ranks. FSDP's hybrid shard (HSDP: "
+        "ShardingStrategy.HYBRID_SHARD, FSDP2 on a (replicate, shard) mesh; Zhang et al. 2022's MiCS is "
+        "the same layout). Engines with `shard_groups` in their rule table only.",
     )
     zero_quantized_weights: bool = Field(
         False, description="ZeRO++ qwZ: int8 weights in the ZeRO-3 all-gathers (DeepSpeed only)."
@@ -121,11 +122,11 @@ class Plan(BaseModel):
 
     def short(self) -> str:
         """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2` after
-        the pipeline when cp > 1; ZeRO++ / MiCS settings after the offloads; `-ovl` and `-tpo` for
+        the pipeline when cp > 1; ZeRO++ and shard-group settings after the offloads; `-ovl` and `-tpo` for
         Megatron-Core's overlaps, then `-fp8` last)."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         off += f"-hpz{self.zero_hpz_partition_size}" if self.zero_hpz_partition_size > 1 else ""
-        off += f"-mics{self.mics_shard_size}" if self.mics_shard_size else ""
+        off += f"-sg{self.shard_group_size}" if self.shard_group_size else ""
         off += "-qw" if self.zero_quantized_weights else ""
         off += "-qg" if self.zero_quantized_gradients else ""
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
@@ -167,27 +168,29 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
     return None
 
 
-def uses_hierarchical_zero(plan: Plan) -> bool:
-    """Whether the plan turns on ZeRO++ (hpZ, qwZ, qgZ) or MiCS."""
-    return (
-        plan.zero_hpz_partition_size > 1
-        or plan.mics_shard_size > 0
-        or plan.zero_quantized_weights
-        or plan.zero_quantized_gradients
-    )
+def uses_zero_plus_plus(plan: Plan) -> bool:
+    """Whether the plan turns on ZeRO++ (hpZ, qwZ or qgZ)."""
+    return plan.zero_hpz_partition_size > 1 or plan.zero_quantized_weights or plan.zero_quantized_gradients
 
 
 def _hierarchical_zero_problem(plan: Plan) -> tuple[str, str] | None:
-    # ZeRO++ and MiCS live in DeepSpeed's stage-3 engine (deepspeed/runtime/zero/stage3.py, mics.py;
-    # DeepSpeed config docs: "zero_hpz_partition_size", "zero_quantized_weights", "mics_shard_size").
-    if not uses_hierarchical_zero(plan):
-        return None
-    if not engine_rules(plan.engine).hierarchical_zero:
-        return "engine", f"ZeRO++ (hpZ, qwZ, qgZ) and MiCS are DeepSpeed features; {plan.engine} has none"
-    if plan.zero_stage != 3:
-        return "zero_stage", "ZeRO++ (hpZ, qwZ, qgZ) and MiCS partition parameters: they need zero_stage 3"
-    if plan.zero_hpz_partition_size > 1 and plan.mics_shard_size > 0:
-        return "mics_shard_size", "MiCS and hpZ are two ways to keep gathers in a node; choose one"
+    # ZeRO++ lives in DeepSpeed's stage-3 engine (deepspeed/runtime/zero/stage3.py; DeepSpeed config docs:
+    # "zero_hpz_partition_size", "zero_quantized_weights"); shard groups shard what ZeRO-3 shards (FSDP's
+    # HYBRID_SHARD is FULL_SHARD within a group).
+    rules = engine_rules(plan.engine)
+    if uses_zero_plus_plus(plan):
+        if not rules.zero_plus_plus:
+            why = rules.reason("zero_plus_plus", "ZeRO++ is DeepSpeed's")
+            return "engine", f"{why}; {plan.engine} has no ZeRO++"
+        if plan.zero_stage != 3:
+            return "zero_stage", "ZeRO++ (hpZ, qwZ, qgZ) partitions parameters: it needs zero_stage 3"
+    if plan.shard_group_size:
+        if not rules.shard_groups:
+            owners = " or ".join(engines_with("shard_groups"))
+            message = rules.reason("shard_groups", "no shard groups")
+            return "shard_group_size", f"{message}; shard groups need engine {owners}"
+        if plan.zero_stage != 3:
+            return "zero_stage", "shard groups shard the parameters: they need zero_stage 3"
     return None
 
 
@@ -255,9 +258,9 @@ def plan_problem(
         hpz = plan.zero_hpz_partition_size
         message = f"hpZ group {hpz} does not divide the {zero_ranks} ZeRO ranks (dp·cp)"
         return "zero_hpz_partition_size", message
-    if plan.mics_shard_size and zero_ranks % plan.mics_shard_size:
-        mics = plan.mics_shard_size
-        return "mics_shard_size", f"MiCS shard {mics} does not divide the {zero_ranks} ZeRO ranks (dp·cp)"
+    if plan.shard_group_size and zero_ranks % plan.shard_group_size:
+        group = plan.shard_group_size
+        return "shard_group_size", f"shard group {group} does not divide the {zero_ranks} ZeRO ranks (dp·cp)"
     if cluster is not None:
         if plan.num_gpus != cluster.num_gpus:
             return "dp", f"dp·tp·pp·cp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"

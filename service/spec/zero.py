@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO buffer settings, derived from the model, and the ZeRO++ / MiCS config keys of a plan.
+"""DeepSpeed ZeRO buffer settings, derived from the model, and the ZeRO++ config keys of a plan.
 Shared by the cost model (which predicts the memory these buffers take) and the DeepSpeed config
 builder (which writes them), so both agree.
 
@@ -40,21 +40,20 @@ class ZeroKnobs:
         )
 
 
-def hierarchical_zero_config(plan: Plan, gpus_per_node: int) -> dict[str, Any]:
-    """The `zero_optimization` keys that turn on the plan's ZeRO++ / MiCS settings ({} when none).
+def hierarchical_zero_config(plan: Plan) -> dict[str, Any]:
+    """The `zero_optimization` keys that turn on the plan's ZeRO++ settings ({} when none).
 
-    DeepSpeed config docs ("ZeRO++", "MiCS"; deepspeed/runtime/zero/config.py): `zero_hpz_partition_size`
+    DeepSpeed config docs ("ZeRO++"; deepspeed/runtime/zero/config.py): `zero_hpz_partition_size`
     (hpZ secondary partition, ideally the GPUs of a node), `zero_quantized_weights` (qwZ),
-    `zero_quantized_gradients` (qgZ), `mics_shard_size` and `mics_hierarchical_params_gather` (gather
-    inside a node first when a shard group spans nodes). Merge the result into the stage-3 section.
+    `zero_quantized_gradients` (qgZ). Merge the result into the stage-3 section. Shard groups have no
+    key: DeepSpeed 0.19.8 removed MiCS (its runtime/config.py refuses `mics_shard_size`), so the
+    engine rules refuse `shard_group_size` on deepspeed plans before a config is written.
 
     Example:
         >>> from service.spec.plan import Plan
         >>> hierarchical_zero_config(Plan(dp=16, zero_stage=3, zero_hpz_partition_size=8,
-        ...     zero_quantized_weights=True, zero_quantized_gradients=True), 8)
+        ...     zero_quantized_weights=True, zero_quantized_gradients=True))
         {'zero_hpz_partition_size': 8, 'zero_quantized_weights': True, 'zero_quantized_gradients': True}
-        >>> hierarchical_zero_config(Plan(dp=32, zero_stage=3, mics_shard_size=16), 8)
-        {'mics_shard_size': 16, 'mics_hierarchical_params_gather': True}
     """
     keys: dict[str, Any] = {}
     if plan.zero_hpz_partition_size > 1:
@@ -63,7 +62,4 @@ def hierarchical_zero_config(plan: Plan, gpus_per_node: int) -> dict[str, Any]:
         keys["zero_quantized_weights"] = True
     if plan.zero_quantized_gradients:
         keys["zero_quantized_gradients"] = True
-    if plan.mics_shard_size:
-        keys["mics_shard_size"] = plan.mics_shard_size
-        keys["mics_hierarchical_params_gather"] = plan.mics_shard_size > gpus_per_node
     return keys

@@ -34,7 +34,7 @@ def proxy_precision(plan: Plan, proxy: ProxySpec) -> str:
     return proxy.precision if proxy.device == "cpu" else plan.precision
 
 
-def _zero_section(plan: Plan, knobs: ZeroKnobs, gpus_per_node: int) -> dict[str, Any]:
+def _zero_section(plan: Plan, knobs: ZeroKnobs) -> dict[str, Any]:
     """ZeRO settings. Bucket sizes and the ZeRO-3 persistence threshold are `knobs`, the values the cost
     model prices (`service.spec.zero.ZeroKnobs`, scaled with the model instead of DeepSpeed's fixed
     5e8-element defaults, which would dwarf a small proxy): one source for what runs and what is
@@ -54,7 +54,7 @@ def _zero_section(plan: Plan, knobs: ZeroKnobs, gpus_per_node: int) -> dict[str,
                 "stage3_max_live_parameters": knobs.stage3_max_live_parameters,
             }
         )
-    zero.update(hierarchical_zero_config(plan, gpus_per_node))  # ZeRO++ hpZ/qwZ/qgZ, MiCS (stage 3)
+    zero.update(hierarchical_zero_config(plan))  # ZeRO++ hpZ/qwZ/qgZ (stage 3)
     if plan.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     if plan.offload_params:
@@ -80,7 +80,6 @@ def deepspeed_config(
     model: ModelSpec,
     *,
     bf16_supported: bool = True,
-    gpus_per_node: int | None = None,
 ) -> dict[str, Any]:
     """The DeepSpeed config that runs `plan` at proxy scale.
 
@@ -90,8 +89,6 @@ def deepspeed_config(
         model: the model the config trains (the proxy model); its `ZeroKnobs` set ZeRO's buffers.
         bf16_supported: whether the device can compute in bf16 (a CUDA worker passes
             `torch.cuda.is_bf16_supported()`); a bf16 plan falls back to fp16 when it cannot.
-        gpus_per_node: devices per node, which decides whether MiCS gathers hierarchically (default: the
-            plan's GPUs, a proxy being one node).
 
     `train_batch_size` = micro_batch · grad_accum · dp: DeepSpeed checks this identity at start-up.
     Activation checkpointing for `full`/`selective` is applied to the model by the worker
@@ -106,7 +103,7 @@ def deepspeed_config(
         "gradient_accumulation_steps": plan.grad_accum,
         "gradient_clipping": GRADIENT_CLIPPING,
         "optimizer": _optimizer_section(plan),
-        "zero_optimization": _zero_section(plan, ZeroKnobs.for_model(model), gpus_per_node or plan.num_gpus),
+        "zero_optimization": _zero_section(plan, ZeroKnobs.for_model(model)),
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12, "loss_scale_window": 100},
         "steps_per_print": 10**9,  # the worker reports every step itself

@@ -81,10 +81,10 @@ def proxy_plan(experiment: ExperimentSpec, plan: Plan) -> Plan:
 
 
 def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
-    """Why `plan` cannot run at proxy scale (one line), or None. The rules are `plan_problem`'s, plus
-    what the installed DeepSpeed (0.19.8) cannot run: MiCS, which it removed (runtime/config.py raises
-    for `mics_shard_size`, deepspeedai/DeepSpeed#8489), and, on CPU, ZeRO++'s quantized weights and
-    gradients (their quantizer op has no CPU implementation)."""
+    """Why `plan` cannot run at proxy scale (one line), or None. The rules are `plan_problem`'s (the
+    deepspeed rule table already refuses shard groups: 0.19.8 removed MiCS), plus what the installed
+    DeepSpeed cannot run on CPU: ZeRO++'s quantized weights and gradients (their quantizer op has no CPU
+    implementation)."""
     cluster = proxy_cluster(experiment, plan.num_gpus)
     if plan.num_gpus != experiment.proxy.num_workers:
         return f"dp·tp·pp = {plan.num_gpus} but the proxy has {experiment.proxy.num_workers} workers"
@@ -93,8 +93,6 @@ def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
         return f"{problem[0]}: {problem[1]}"
     if experiment.model.mlp != "swiglu":
         return "model.mlp: the proxy is a Llama model (swiglu); gelu models have no proxy"
-    if plan.mics_shard_size:
-        return "mics_shard_size: DeepSpeed 0.19.8 removed MiCS (deepspeedai/DeepSpeed#8489); no proxy runs it"
     if experiment.proxy.device == "cpu" and (plan.zero_quantized_weights or plan.zero_quantized_gradients):
         return "zero_quantized_weights/gradients: DeepSpeed's quantizer op has no CPU implementation"
     return None

@@ -182,19 +182,22 @@ def test_cp_flag_splits_the_sequence(capsys):
     assert len(err.strip().splitlines()) == 1 and "--cp" in err and "8 attention heads per TP rank" in err
 
 
-def test_zero_plus_plus_and_mics_flags(capsys):
+def test_zero_plus_plus_and_shard_group_flags(capsys):
     flags = ["--model", "llama2-70b", "--gpus", "1024", "--zero", "3", "--recompute", "full"]
     plain = run_json(capsys, *flags)
     zero_plus_plus = ["--zero-hpz", "8", "--zero-quantized-weights", "--zero-quantized-gradients"]
     plus = run_json(capsys, *flags, *zero_plus_plus)
     assert plus["label"] == "dp1024-tp1-pp1-z3-hpz8-qw-qg-mb1-ga1-rc:full"
     assert plus["time_breakdown_s"]["dp_comm"] < plain["time_breakdown_s"]["dp_comm"]
-    mics = run_json(capsys, *flags, "--mics-shard-size", "16")
-    assert mics["plan"]["mics_shard_size"] == 16
-    assert mics["memory_per_gpu_bytes"]["optimizer"] > 60 * plain["memory_per_gpu_bytes"]["optimizer"]
+    hsdp = run_json(capsys, *flags, "--engine", "fsdp", "--shard-group-size", "16")
+    assert hsdp["plan"]["shard_group_size"] == 16 and hsdp["label"].startswith("fsdp:dp1024-tp1-pp1-z3-sg16")
+    assert hsdp["memory_per_gpu_bytes"]["optimizer"] > 60 * plain["memory_per_gpu_bytes"]["optimizer"]
     assert main(["estimate", *BASE[1:], "--zero", "2", "--zero-hpz", "8"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "--zero:" in err and "need zero_stage 3" in err
+    assert len(err.strip().splitlines()) == 1 and "--zero:" in err and "needs zero_stage 3" in err
+    assert main([*BASE, *flags, "--shard-group-size", "16"]) == 2  # deepspeed: MiCS is gone
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--shard-group-size:" in err and "removed MiCS" in err
 
 
 def test_fp8_precision_flag(capsys):

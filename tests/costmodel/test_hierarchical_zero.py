@@ -1,4 +1,5 @@
-"""ZeRO++ (hpZ, qwZ, qgZ) and MiCS: rules, memory, collectives and the DeepSpeed config keys."""
+"""ZeRO++ (hpZ, qwZ, qgZ) and shard groups (FSDP's HSDP): rules, memory, collectives and the DeepSpeed
+config keys."""
 
 import numpy as np
 import pytest
@@ -23,13 +24,18 @@ def _estimate(**kw):
     return estimate(LLAMA2_70B, CLUSTER, plan, WORKLOAD, params=PRIOR)
 
 
-def test_rules_follow_deepspeed_zero3():
-    with pytest.raises(ValueError, match=r"engine: ZeRO\+\+ .* are DeepSpeed features; megatron has none"):
+def test_rules_follow_each_engines_table():
+    with pytest.raises(ValueError, match=r"engine: ZeRO\+\+ .* is DeepSpeed's; megatron has no ZeRO\+\+"):
         Plan(dp=16, zero_stage=1, zero_hpz_partition_size=8, engine="megatron")
-    with pytest.raises(ValueError, match=r"zero_stage: .* they need zero_stage 3"):
+    with pytest.raises(ValueError, match=r"zero_stage: .* it needs zero_stage 3"):
         Plan(dp=16, zero_stage=2, zero_quantized_weights=True)
-    with pytest.raises(ValueError, match="mics_shard_size: MiCS and hpZ"):
-        Plan(dp=16, zero_stage=3, zero_hpz_partition_size=8, mics_shard_size=8)
+    # DeepSpeed 0.19.8 removed MiCS: shard groups are FSDP's hybrid shard only.
+    with pytest.raises(ValueError, match=r"shard_group_size: DeepSpeed 0.19.8 removed MiCS.*need engine fsdp"):
+        Plan(dp=16, zero_stage=3, shard_group_size=8)
+    with pytest.raises(ValueError, match=r"zero_stage: shard groups .* they need zero_stage 3"):
+        Plan(dp=16, zero_stage=2, shard_group_size=8, engine="fsdp")
+    with pytest.raises(ValueError, match=r"engine: .* fsdp has no ZeRO\+\+"):
+        Plan(dp=16, zero_stage=3, zero_hpz_partition_size=8, shard_group_size=8, engine="fsdp")
     assert plan_problem(Plan(dp=1024, zero_stage=3, zero_hpz_partition_size=3), LLAMA2_70B) == (
         "zero_hpz_partition_size",
         "hpZ group 3 does not divide the 1024 ZeRO ranks (dp·cp)",
@@ -38,18 +44,36 @@ def test_rules_follow_deepspeed_zero3():
         "zero_hpz_partition_size",
         "hpZ group 16 must divide gpus_per_node 8",
     )
-    assert plan_problem(Plan(dp=1024, zero_stage=3, mics_shard_size=24), LLAMA2_70B)[0] == "mics_shard_size"
+    assert plan_problem(Plan(dp=1024, zero_stage=3, shard_group_size=24, engine="fsdp"), LLAMA2_70B) == (
+        "shard_group_size",
+        "shard group 24 does not divide the 1024 ZeRO ranks (dp·cp)",
+    )
 
 
-def test_hpz_keeps_a_secondary_shard_and_mics_shards_in_its_group():
-    plain, hpz, mics = _estimate(), _estimate(zero_hpz_partition_size=8), _estimate(mics_shard_size=16)
-    m0, m1, m2 = plain.memory_per_gpu_bytes, hpz.memory_per_gpu_bytes, mics.memory_per_gpu_bytes
+def test_hpz_keeps_a_secondary_shard_and_shard_groups_shard_in_their_group():
+    plain, hpz = _estimate(), _estimate(zero_hpz_partition_size=8)
+    hsdp = _estimate(shard_group_size=16, engine="fsdp")
+    m0, m1, m2 = plain.memory_per_gpu_bytes, hpz.memory_per_gpu_bytes, hsdp.memory_per_gpu_bytes
     # hpZ: + 2 bytes × (Ψ − persistent norms) / 8, i.e. ~ 2·69e9/8 = 17 GB on top of 2Ψ/1024.
     persistent = 2 * 8192 * 80 + 8192
     assert m1.params - m0.params == pytest.approx(2 * (LLAMA2_70B.num_params - persistent) / 8)
-    # MiCS over 16 ranks: optimizer states 12Ψ/16 instead of 12Ψ/1024.
+    # HSDP over 16 ranks: optimizer states 12Ψ/16 instead of 12Ψ/1024.
     assert m2.optimizer == pytest.approx(12 * LLAMA2_70B.num_params / 16)
     assert m2.optimizer == pytest.approx(m0.optimizer * 1024 / 16)
+
+
+def test_hsdp_gathers_in_its_group_and_all_reduces_every_micro_batch():
+    """FSDP's hybrid shard: gathers and reduce-scatters over the 8 ranks of a node, then the 128
+    replicas all-reduce their 1/8 gradient shard after every backward (FSDP2's default), one call per
+    block; nothing is left for the optimizer step."""
+    p = PlanTable.from_plans([Plan(dp=1024, zero_stage=3, shard_group_size=8, engine="fsdp")])
+    size, blocks = 2 * 1e9, 80.0
+    got = hz.zero3_collectives_s(p, size, size, 8, H100, blocks, comm.PRIOR)
+    inside = 2 * comm.all_gather_time_s(size, 8, 1, 8, H100, blocks, comm.PRIOR)
+    inside += comm.reduce_scatter_time_s(size, 8, 1, 8, H100, blocks, comm.PRIOR)
+    across = comm.all_reduce_time_s(size / 8, 128, 8, 8, H100, blocks, comm.PRIOR)
+    assert got.per_micro_batch[0] == pytest.approx(float(inside + across))
+    assert got.per_step[0] == 0.0
 
 
 def test_zero_plus_plus_cuts_cross_node_volume_fourfold():
@@ -79,23 +103,20 @@ def test_zero_plus_plus_cuts_cross_node_volume_fourfold():
     assert got.per_micro_batch[1] / got.per_micro_batch[0] == pytest.approx(1.75 / 3, abs=0.05)
 
 
-def test_zero_plus_plus_and_mics_speed_up_70b_on_1024_gpus():
+def test_zero_plus_plus_and_hsdp_speed_up_70b_on_1024_gpus():
     plain = _estimate()
     plus = _estimate(zero_hpz_partition_size=8, zero_quantized_weights=True, zero_quantized_gradients=True)
-    mics = _estimate(mics_shard_size=8)
     # Both outlast the 3.26 s of fwd + bwd they overlap and pay the prior contention on it (0.18 × 3.26 s
     # = 0.59 s, comm.overlapped_exposed_s); beyond that ZeRO++ exposes 4.6 s against plain ZeRO-3's 8.8 s.
     contention = 0.18 * plain.time_breakdown_s.compute
     assert plus.time_breakdown_s.dp_comm - contention < 0.55 * (plain.time_breakdown_s.dp_comm - contention)
-    assert mics.time_breakdown_s.dp_comm < plain.time_breakdown_s.dp_comm
     assert plus.plan.short() == "dp1024-tp1-pp1-z3-hpz8-qw-qg-mb1-ga1-rc:full"
+    fsdp, hsdp = _estimate(engine="fsdp"), _estimate(engine="fsdp", shard_group_size=8)
+    assert hsdp.time_breakdown_s.dp_comm < fsdp.time_breakdown_s.dp_comm
+    assert hsdp.plan.short() == "fsdp:dp1024-tp1-pp1-z3-sg8-mb1-ga1-rc:full"
 
 
 def test_deepspeed_config_keys():
-    assert hierarchical_zero_config(Plan(dp=16, zero_stage=3), 8) == {}
+    assert hierarchical_zero_config(Plan(dp=16, zero_stage=3)) == {}
     plan = Plan(dp=16, zero_stage=3, zero_hpz_partition_size=8, zero_quantized_weights=True)
-    assert hierarchical_zero_config(plan, 8) == {"zero_hpz_partition_size": 8, "zero_quantized_weights": True}
-    assert hierarchical_zero_config(Plan(dp=16, zero_stage=3, mics_shard_size=8), 8) == {
-        "mics_shard_size": 8,
-        "mics_hierarchical_params_gather": False,
-    }
+    assert hierarchical_zero_config(plan) == {"zero_hpz_partition_size": 8, "zero_quantized_weights": True}

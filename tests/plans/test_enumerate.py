@@ -95,15 +95,18 @@ def test_vectorised_filter_agrees_with_plan_problem_on_every_candidate(model, cl
 
 
 def _zero3_grid() -> PlanTable:
-    """DeepSpeed ZeRO-3 rows over dp, cp, hpZ and MiCS sizes, where the ZeRO++ / MiCS size rules bite."""
-    dp, cp, hpz, mics = (
+    """ZeRO-3 rows over dp, cp, hpZ and shard-group sizes, where their size rules bite: DeepSpeed's with
+    hpZ, FSDP's with shard groups (HSDP)."""
+    dp, cp, hpz, group = (
         g.ravel() for g in np.meshgrid([1, 2, 3, 6], [1, 2, 3], [1, 2, 4], [0, 0, 2, 3], indexing="ij")
     )
     ones = np.ones(len(dp), dtype=np.int64)
+    engine = np.where(group > 0, ENGINE_CODES.index("fsdp"), ENGINE_CODES.index("deepspeed"))
     return PlanTable.from_columns(
         dp=dp, tp=ones, pp=ones, cp=cp, zero_stage=ones * 3, offload_optimizer=ones == 0,
         offload_params=ones == 0, micro_batch=ones, grad_accum=12 // dp, recompute=ones * 0,
-        sequence_parallel=ones == 0, precision=ones * 0, zero_hpz_partition_size=hpz, mics_shard_size=mics,
+        sequence_parallel=ones == 0, precision=ones * 0, zero_hpz_partition_size=hpz, shard_group_size=group,
+        engine=engine,
     )  # fmt: skip
 
 
@@ -119,7 +122,7 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         sequence_parallel=rng.random(n) < 0.3, precision=rng.integers(0, 4, n),
         cp=rng.choice([1, 2, 3, 4], n), engine=rng.integers(0, 3, n),
         virtual_stages=rng.choice([1, 1, 2, 3], n), zero_hpz_partition_size=rng.choice([1, 1, 1, 2, 4], n),
-        mics_shard_size=rng.choice([0, 0, 0, 2, 3], n), zero_quantized_weights=rng.random(n) < 0.1,
+        shard_group_size=rng.choice([0, 0, 0, 2, 3], n), zero_quantized_weights=rng.random(n) < 0.1,
         zero_quantized_gradients=rng.random(n) < 0.1, comm_overlap=rng.random(n) < 0.2,
         tp_comm_overlap=rng.random(n) < 0.2,
     )  # fmt: skip
@@ -146,7 +149,8 @@ def test_two_stage_enumeration_equals_filtering_the_full_cross_product():
     table = candidate_table(cluster, workload)
     codes = problem_codes(table, model, cluster, workload)
     result = enumerate_plans(model, cluster, workload)
-    # 55 (dp, tp, pp, cp) with cp ≤ 16; ZeRO 0-3 and ZeRO-3 with hpZ (quantized collectives are opt-in)
+    # 55 (dp, tp, pp, cp) with cp ≤ 16; ZeRO 0-3 and ZeRO-3 with hpZ (quantized collectives are opt-in;
+    # shard groups are FSDP's, not tried on deepspeed rows)
     assert result.candidates == len(table) == 55 * 5 * 2 * 2 * 7 * 3 * 2
     assert result.invalid_counts == count_codes(codes)
     assert sum(result.invalid_counts.values()) + len(result.plans) == result.candidates
@@ -177,7 +181,7 @@ def test_every_enumerated_plan_is_a_valid_plan_for_the_workload():
 
 def test_enumeration_is_complete_against_brute_force():
     """Every Plan plan_problem accepts (micro-batch a power of two ≤ cap) is enumerated, and only those."""
-    cluster = ClusterSpec(gpu="cpu", num_nodes=2, gpus_per_node=2)  # two nodes: ZeRO++ / MiCS enumerated
+    cluster = ClusterSpec(gpu="cpu", num_nodes=2, gpus_per_node=2)  # two nodes: ZeRO++, shard groups tried
     workload = Workload(seq_len=64, global_batch_sequences=8, tokens_to_train=1e6)
     brute = set()
     shapes = [
@@ -188,7 +192,7 @@ def test_enumeration_is_complete_against_brute_force():
         for c in range(1, 5)
         if d * t * p * c == 4
     ]
-    assert zero_variants(8, 8) == []  # one node: hpZ / MiCS groups are the whole ZeRO group
+    assert zero_variants(8, 8) == []  # one node: hpZ / shard groups are the whole ZeRO group
     zeros = [(z, 1, 0, False, False) for z in range(4)] + [(3, *v) for v in zero_variants(2, 4)]
     for (dp, tp, pp, cp), (zero, hpz, mics, qw, qg), oo, op, mb, ga, rc, sp in itertools.product(
         shapes,
@@ -203,7 +207,7 @@ def test_enumeration_is_complete_against_brute_force():
         plan = Plan.model_construct(
             dp=dp, tp=tp, pp=pp, cp=cp, zero_stage=zero, offload_optimizer=oo, offload_params=op,
             micro_batch=mb, grad_accum=ga, recompute=rc, sequence_parallel=sp, precision="bf16",
-            zero_hpz_partition_size=hpz, mics_shard_size=mics, zero_quantized_weights=qw,
+            zero_hpz_partition_size=hpz, shard_group_size=mics, zero_quantized_weights=qw,
             zero_quantized_gradients=qg,
         )  # fmt: skip
         if plan_problem(plan, TINY, cluster, workload) is None:

@@ -55,7 +55,15 @@ def test_deepspeed_has_zero_plus_plus_and_separate_offloads():
     keys = set(DeepSpeedZeroConfig.model_fields)
     assert {"zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients"} <= keys
     assert {"offload_optimizer", "offload_param"} <= keys  # two settings, not one
-    assert engines_with("hierarchical_zero") == ["deepspeed"]
+    assert engines_with("zero_plus_plus") == ["deepspeed"]
+    # MiCS is gone (deepspeedai/DeepSpeed#8489): no config key, and the config parser names it removed.
+    import inspect
+
+    import deepspeed.runtime.config as ds_runtime_config
+
+    assert not any(key.startswith("mics") for key in keys)
+    assert "MiCS ZeRO-3 sharding has been removed" in inspect.getsource(ds_runtime_config)
+    assert not engine_rules("deepspeed").shard_groups
     assert engine_rules("deepspeed").offload == "separate"
 
 
@@ -68,6 +76,12 @@ def test_fsdp_sharding_strategies_and_offload_match_its_row():
     # CPUOffload has one switch, offload_params, that moves parameters, gradients and optimizer step.
     assert set(CPUOffload.__dataclass_fields__) == {"offload_params"}
     assert engine_rules("fsdp").offload == "together"
+    # HSDP: HYBRID_SHARD in FSDP1; FSDP2 all-reduces across replicas after every backward unless told not to.
+    from torch.distributed.fsdp import FSDPModule
+
+    assert "HYBRID_SHARD" in ShardingStrategy.__members__
+    assert "HSDP" in (FSDPModule.set_requires_all_reduce.__doc__ or "")
+    assert engines_with("shard_groups") == ["fsdp"] and engine_rules("fsdp").replica_sync == "micro_batch"
 
 
 def test_torch_pipelining_has_the_interleaved_schedule_the_fsdp_row_allows():
