@@ -39,6 +39,9 @@ class Source(BaseModel):
     flops_formula: str = ""
     read_via: str = ""
     engine: Engine = Field("deepspeed", description="What ran its rows (a row may say otherwise).")
+    fused_elementwise: bool = Field(
+        False, description="Its model code fused the element-wise ops (Workload.fused_elementwise)."
+    )
 
 
 class Measured(BaseModel):
@@ -153,7 +156,7 @@ def cluster_spec(row: Measurement) -> ClusterSpec:
     return ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=min(row.gpus_per_node, row.num_gpus))
 
 
-def workload(row: Measurement) -> Workload:
+def workload(ds: Dataset, row: Measurement) -> Workload:
     # tokens_to_train only sets hours and dollars, which this benchmark does not score.
     # Megatron-LM in 2021-22 materialised the attention scores; every other source ran fused attention.
     flash = not row.source.startswith("megatron-")
@@ -162,6 +165,7 @@ def workload(row: Measurement) -> Workload:
         global_batch_sequences=row.global_batch,
         tokens_to_train=1e9,
         flash_attention=flash,
+        fused_elementwise=ds.sources[row.source].fused_elementwise,
     )
 
 
@@ -241,7 +245,7 @@ def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
         source=row.source,
         model=model,
         cluster=cluster_spec(row),
-        workload=workload(row),
+        workload=workload(ds, row),
         plan=row_plan(ds, row),
         tokens_per_s_per_gpu=measured_tokens_per_s_per_gpu(row, model),
         approximate=row.approximate,

@@ -116,6 +116,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--no-flash-attention", action="store_true", help="Materialised attention scores (Megatron 2021-22).")
     a(
+        "--fused-elementwise",
+        action="store_true",
+        help="Fused norm/rotary/SwiGLU kernels (Apex, TE, Liger, torch.compile); default: eager HF modules.",
+    )
+    a(
         "--tokens-to-train",
         type=float,
         default=1e9,
@@ -202,6 +207,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         global_batch_sequences=args.micro_batch * args.grad_accum * values["dp"],
         tokens_to_train=args.tokens_to_train,
         flash_attention=not args.no_flash_attention,
+        fused_elementwise=args.fused_elementwise,
     )
     problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
     if problem:
@@ -226,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
         "global_batch_sequences": workload.batch_sequences,
         "tokens_to_train": workload.tokens_to_train,
         "flash_attention": workload.flash_attention,
+        "fused_elementwise": workload.fused_elementwise,
         "memory_headroom": args.headroom,
     }
     if args.json:

@@ -26,6 +26,10 @@ ATTENTION_BACKWARD_RATIO = 2.5
 # of one activation (bytes / d): RMSNorms ~2×(read x, fp32 cast, square, mean, scale, cast back,
 # weight) ≈ 2×17h,
 # rotary ≈ 6 passes over q and k, SiLU·up ≈ 5 passes over f, residual adds and layout copies ≈ 10h.
+# With fused kernels (Apex/Transformer Engine fused RMSNorm/LayerNorm, fused rotary, fused bias-SwiGLU or
+# bias-GeLU, fused bias-dropout-add: Megatron-LM's megatron/core/fusions; Liger; torch.compile) each op
+# reads its inputs and writes its output once: norms 2×2h, residual adds 2×3h, rotary 2·(q + k), the
+# gated MLP 3f (gate and up in, one out; 2f without a gate).
 # Backward moves about twice the forward traffic.
 ELEMENTWISE_BACKWARD_RATIO = 2.0
 # Kernels launched per block in forward (HF eager modules: norms, 7 matmuls, rotary, SDPA, SiLU, adds).
@@ -95,15 +99,21 @@ def attention_time_forward_s(
     return bmm + scores
 
 
-def elementwise_bytes_per_token_forward(model: ModelSpec, tp: Num, d: Num) -> Num:
-    """HBM bytes the non-matmul ops of one block move per token in forward (see constants above)."""
+def elementwise_bytes_per_token_forward(model: ModelSpec, tp: Num, d: Num, fused: Num = False) -> Num:
+    """HBM bytes the non-matmul ops of one block move per token in forward, as eager PyTorch modules or
+    as fused kernels (see the constants above)."""
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
-    passes = 2 * 17 * h + 10 * h + (6 * 2 * (h + kv) + 5 * f * (2 if model.mlp == "swiglu" else 1) / 2) / tp
-    return d * passes
+    gated = model.mlp == "swiglu"
+    eager = 2 * 17 * h + 10 * h + (6 * 2 * (h + kv) + 5 * f * (2 if gated else 1) / 2) / tp
+    one_pass = 2 * 2 * h + 2 * 3 * h + (2 * (h + kv) + (3 if gated else 2) * f) / tp
+    return d * np.where(fused, one_pass, eager)
 
 
-def elementwise_time_forward_s(model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, d: Num) -> Num:
-    return tokens * elementwise_bytes_per_token_forward(model, tp, d) / (gpu.hbm_bandwidth_gb_per_s * 1e9)
+def elementwise_time_forward_s(
+    model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, d: Num, fused: Num = False
+) -> Num:
+    bytes_per_token = elementwise_bytes_per_token_forward(model, tp, d, fused)
+    return tokens * bytes_per_token / (gpu.hbm_bandwidth_gb_per_s * 1e9)
 
 
 def launch_bound_s(gpu: GPUSpec, kernels: float | np.ndarray) -> Num:

@@ -176,7 +176,9 @@ def _times(
         te_speedup = gpu.fused_attention_efficiency / gpu.attention_efficiency
         attention_layer = attention_layer / np.where(p.engine_column("transformer_engine"), te_speedup, 1.0)
     attention = attention_layer * layers
-    elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d) * layers
+    # Transformer Engine layers (Megatron-Core) fuse their element-wise ops whatever the workload says.
+    fused = workload.fused_elementwise | p.engine_column("transformer_engine")
+    elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d, fused) * layers
     casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision) * layers
     elementwise = elementwise + casts / (gpu.hbm_bandwidth_gb_per_s * 1e9)
     elementwise = params["elementwise_scale"] * elementwise

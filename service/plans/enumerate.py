@@ -152,11 +152,7 @@ def _structures(
     none. ZeRO-3 rows also come with ZeRO++ and shard-group settings (`zero_variants`)."""
     shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
     tables = [_engine_structures(shapes, e, virtual_stages) for e in engines]
-    tables = [
-        _with_zero_variants(t, gpus_per_node, num_gpus, quantized) if e == "deepspeed" else t
-        for t, e in zip(tables, engines, strict=True)
-    ]
-    return concat(tables)
+    return concat([_with_zero_variants(t, gpus_per_node, num_gpus, quantized) for t in tables])
 
 
 def _expand(

@@ -25,6 +25,13 @@ class Workload(BaseModel):
         description="Fused attention that keeps no s×s scores (FlashAttention / SDPA); false = materialised "
         "scores and dropout masks, as in Megatron-LM 2021-22 (Korthikanti et al.'s formulas).",
     )
+    fused_elementwise: bool = Field(
+        False,
+        description="The model's element-wise ops run as fused kernels, one read and one write each (fused "
+        "norms, rotary and SwiGLU: Apex / Transformer Engine, Liger, torch.compile); false = eager PyTorch "
+        "modules (Hugging Face Llama: RMSNorm alone is seven kernels). Megatron-Core plans are fused "
+        "whatever this says (their engine builds Transformer Engine layers).",
+    )
     overlap_comm: bool = Field(
         True,
         description="Data-parallel collectives run behind compute (DeepSpeed `overlap_comm`, FSDP's "

@@ -36,6 +36,32 @@ def test_published_set_loads_every_row():
     assert any(r.plan.tp > 1 and r.plan.pp > 1 for r in runs)  # Megatron 3D layouts kept as they ran
 
 
+def test_published_hsdp_rows_shard_within_a_node():
+    """fms-fsdp's 7B/13B runs are HSDP (shard inside a node, replicate across): FSDP plans with shard
+    groups of 8, which the cost model prices with their intra-node gathers."""
+    runs = {r.id: r for r in load_runs(ROOT / "benchmarks" / "published" / "measurements.yaml")}
+    hsdp = [r for r in runs.values() if r.plan.shard_group_size]
+    assert {r.id for r in hsdp} == {
+        "ibm-blog-a100-llama2-7b", "ibm-blog-a100-llama2-13b", "ibm-blog-h100-llama2-7b",
+        "ibm-blog-h100-llama2-13b", "ibm-readme-a100-llama2-13b-mb1",
+    }  # fmt: skip
+    assert all(r.plan.engine == "fsdp" and r.plan.shard_group_size == 8 for r in hsdp)
+
+
+def test_a_users_hsdp_row_and_a_deepspeed_one_that_cannot_have_it(tmp_path):
+    header = CSV_HEADER.replace(",tokens_per_s_per_gpu", ",engine,shard_group_size,tokens_per_s_per_gpu")
+    path = tmp_path / "runs.csv"
+    row = _row(0, "mine", 16, 4000.0).rsplit(",", 1)[0]
+    path.write_text(header + f"{row},fsdp,8,4000.0\n")
+    (run,) = load_runs(path)
+    assert run.plan.short() == "fsdp:dp16-tp1-pp1-z3-sg8-mb2-ga1-rc:sele"
+    path.write_text(header + f"{row},deepspeed,8,4000.0\n")
+    with pytest.raises(SpecError) as err:
+        load_runs(path)
+    assert "shard_group_size" in str(err.value) and "removed MiCS" in str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+
+
 def test_csv_runs_file(tmp_path):
     runs = load_runs(_csv(tmp_path, [_row(0, "mine", 8, 5000.0), _row(1, "mine", 16, 4800.0)]))
     assert [r.cluster.num_gpus for r in runs] == [8, 16] and runs[1].plan.dp == 16

@@ -158,8 +158,9 @@ def test_engine_and_virtual_stages_flags(capsys):
     assert inter["plan"]["engine"] == "megatron" and inter["label"].startswith("megatron:dp1-tp8-pp8v3")
     assert inter["time_breakdown_s"]["bubble"] < plain["time_breakdown_s"]["bubble"] / 2
     # DeepSpeed (the default engine) runs the layout with plain 1F1B, not the interleaved schedule; its
-    # stage hops send the whole hidden state where Megatron's scatter/gather sends 1/tp of it.
-    deepspeed = run_json(capsys, *flags)["time_breakdown_s"]
+    # stage hops send the whole hidden state where Megatron's scatter/gather sends 1/tp of it. (Given
+    # fused element-wise kernels, as Megatron's TE layers have, so the slots match.)
+    deepspeed = run_json(capsys, *flags, "--fused-elementwise")["time_breakdown_s"]
     assert deepspeed["bubble"] == pytest.approx(plain["time_breakdown_s"]["bubble"], rel=0.1)
     assert deepspeed["pp_comm"] > 4 * plain["time_breakdown_s"]["pp_comm"]
     assert main(["estimate", *flags, "--virtual-stages", "3"]) == 2
@@ -208,3 +209,10 @@ def test_fp8_precision_flag(capsys):
     assert main(["estimate", *flags, "--gpu", "a100-sxm-80gb", "--precision", "fp8"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--precision" in err and "no FP8 tensor cores" in err
+
+
+def test_fused_elementwise_flag(capsys):
+    flags = ["--zero", "1", "--micro-batch", "1", "--grad-accum", "4", "--seq-len", "4096"]
+    eager, fused = run_json(capsys, *flags), run_json(capsys, *flags, "--fused-elementwise")
+    assert eager["inputs"]["fused_elementwise"] is False and fused["inputs"]["fused_elementwise"] is True
+    assert fused["time_breakdown_s"]["compute"] < eager["time_breakdown_s"]["compute"]

@@ -77,7 +77,7 @@ def test_inline_models_reproduce_source_parameter_counts(ds):
 def test_every_row_is_a_valid_plan_of_its_engine(ds):
     for row in ds.measurements:
         model, cluster = ta.model_spec(ds, row.model), ta.cluster_spec(row)
-        plan = check_plan(row_plan(ds, row), model, cluster, ta.workload(row))
+        plan = check_plan(row_plan(ds, row), model, cluster, ta.workload(ds, row))
         assert plan.num_gpus == cluster.num_gpus == row.num_gpus, row.id
 
 

@@ -31,6 +31,32 @@ def test_big_gemm_is_compute_bound_at_catalog_efficiency():
     assert achieved == pytest.approx(H100.gemm_efficiency_max * (8192 / 8256) ** 3)
 
 
+def test_fused_kernels_read_and_write_each_activation_once():
+    """Llama-2-7B (h = 4096, f = 11008, 32 KV heads), tp 1, bf16: eager Hugging Face modules move
+    44h + 12(h + kv) + 5f elements per token per block in forward, fused kernels 10h + 2(h + kv) + 3f:
+    about a quarter."""
+    model, h, f = load_model("llama2-7b"), 4096, 11008
+    eager = compute.elementwise_bytes_per_token_forward(model, 1, 2)
+    fused = compute.elementwise_bytes_per_token_forward(model, 1, 2, fused=True)
+    assert float(eager) == 2 * (44 * h + 12 * 2 * h + 5 * f)
+    assert float(fused) == 2 * (10 * h + 2 * 2 * h + 3 * f)
+    assert 0.25 < fused / eager < 0.3
+
+
+def test_the_workload_or_transformer_engine_fuses_the_element_wise_ops():
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1)
+    work = Workload(seq_len=4096, global_batch_sequences=16, tokens_to_train=1e9)
+    fused = work.model_copy(update={"fused_elementwise": True})
+    plan = Plan(dp=8, zero_stage=1, grad_accum=2)
+
+    def compute_s(p, w):
+        return estimate(LLAMA13, cluster, p, w, params=ModelParams()).time_breakdown_s.compute
+
+    assert compute_s(plan, fused) < 0.95 * compute_s(plan, work)  # eager HF modules: ~8 % of a step more
+    megatron = plan.model_copy(update={"engine": "megatron"})
+    assert compute_s(megatron, work) == compute_s(megatron, fused)  # TE layers are fused either way
+
+
 def test_skinny_gemm_is_memory_bound():
     peak = H100.peak_tflops_bf16 * 1e12
     m, n, k = 8.0, 8192.0, 8192.0
