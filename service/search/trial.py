@@ -68,11 +68,34 @@ def train_run_name(trial_id: str) -> str:
     return f"trial-{trial_id}"
 
 
+# How long a Train report may wait for the Tune trial to take it (a trial Tune stops takes no more).
+_TAKEN_TIMEOUT_S = 60.0
+
+
+def wait_until_taken(queue: Any, timeout_s: float = _TAKEN_TIMEOUT_S, poll_s: float = 0.01) -> bool:
+    """Waits until `queue` (a `ray.util.queue.Queue`) is empty; False after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not queue.empty():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 def report_callback() -> Any:
-    """`TuneReportCallback` that renames the worker's `done` flag to `last_step`.
+    """`TuneReportCallback` that renames the worker's `done` flag to `last_step`, and returns only once
+    the Tune trial has taken the report.
 
     Tune ends a trial on a report with `done` set, killing the `TorchTrainer` while it shuts down. So
     the trial ends when `fit()` returns, and this function reports how it went.
+
+    Why wait: Tune's function trainable (ray/train/_internal/session.py, Ray 2.60) moves a Train report
+    from this callback's one-slot actor queue into its own one-slot result queue on its main thread
+    (`_get_result_from_queues` → `report`). A report still in the actor queue when `fit()` returns races
+    the trial's own final report: if the final report fills the result queue first, the main thread
+    blocks putting the Train report behind it and the trial thread blocks behind that, forever (seen:
+    a `run` whose search stopped after its second trial, both threads in `Queue.put`). Each report here
+    waits until the trial has taken it, so none is left when `fit()` returns.
     """
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -80,6 +103,7 @@ def report_callback() -> Any:
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
             renamed = [{(LAST_STEP if k == "done" else k): v for k, v in m.items()} for m in metrics]
             super().after_report(run_context, renamed, checkpoint)
+            wait_until_taken(self._training_actor_item_queue)
 
     return _ReportToTune()
 
