@@ -106,7 +106,8 @@ def zero_variants(
     gpus_per_node: int, num_gpus: int, quantized: bool = False
 ) -> list[tuple[int, int, bool, bool]]:
     """(hpZ size, shard group, qwZ, qgZ) tried on ZeRO-3 plans besides plain ZeRO-3: hpZ in a node
-    (DeepSpeed), shard groups of a node's worth of ranks (FSDP's HSDP) and, when `quantized` (the
+    (DeepSpeed), shard groups of one, two and four nodes' worth of ranks (FSDP's HSDP; a large model's
+    states need more than one node to shard over) and, when `quantized` (the
     experiment's `quantized_collectives`), ZeRO++'s full recipe (hpZ + qwZ + qgZ) and quantized
     collectives alone. Each engine's rules keep the ones it has. None on a single node: an hpZ group or a
     shard group of a node is then plain ZeRO-3, and both target the cross-node links (Wang et al. 2023
@@ -117,7 +118,8 @@ def zero_variants(
     if num_gpus <= n:
         return []
     zero_plus_plus = [(n, 0, True, True), (1, 0, True, True)] if quantized else []
-    return [(n, 0, False, False), (1, n, False, False), *zero_plus_plus]
+    groups = [(1, k * n, False, False) for k in (1, 2, 4) if k * n < num_gpus]
+    return [(n, 0, False, False), *groups, *zero_plus_plus]
 
 
 def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int, quantized: bool) -> PlanTable:
