@@ -21,17 +21,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
 
+from service.search.collect import collect_trials
 from service.search.config import RunConfig, SearchConfig, merge
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
-from service.search.result import SearchResult, TrialRecord, fallback_of, trial_outcome
+from service.search.result import SearchResult
 from service.search.space import Algorithm, SearchSpace, load_space, space_from_dict
+from service.search.state import STATE_FILE, read_state, tune_state_problem
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
-from service.spec.record import PREDICTED, Observation
+from service.spec.record import PREDICTED
 from service.tracking.uri import TrackingTarget, repo_root, resolve
 from service.train.ray_session import ensure_ray
 
-STATE_FILE = "search_state.json"
 RESULTS_ENV = "SERVICE_SEARCH_DIR"  # where searches are kept when no storage_path is given
 FORCE_TRIAL_CLEANUP_S = 30
 
@@ -46,29 +47,6 @@ def _env(**values: str) -> Any:
     finally:
         for k in added:
             os.environ.pop(k, None)
-
-
-def tune_state_problem(folder: Path) -> str | None:
-    """Why Tune cannot continue the search saved in `folder`, or None (also when Tune never saved one:
-    the driver died before its Tuner started, and the search starts its Tuner afresh).
-
-    Ray Tune writes `experiment_state-*.json` in place (`TuneController.save_to_dir`: open "w", then
-    json.dump), so a driver killed during that write leaves it empty or cut off. `Tuner.restore` then
-    restores no trial while the searcher's own state (written next) says which plans it launched: the
-    continued search re-ran one plan and never ran another (seen once, a run killed as its first proxy
-    finished). Such a search is not continued."""
-    states = sorted(folder.glob("experiment_state-*.json"))
-    if not states:
-        return None
-    newest = states[-1]
-    try:
-        json.loads(newest.read_text())
-    except (OSError, ValueError):
-        return (
-            f"Tune's state {newest.name} in {folder} was cut off when its driver was killed; "
-            "start the search again"
-        )
-    return None
 
 
 def driver_cpus(world_size: int) -> int:
@@ -205,13 +183,9 @@ class Search:
         only matters when the driver died before its Tuner started.
         """
         folder = Path(path).resolve()
-        if not (folder / STATE_FILE).is_file():
-            raise SpecError("resume", f"{folder} is not a search folder (no {STATE_FILE})")
-        cut = tune_state_problem(folder)
-        if cut:
-            raise SpecError("resume", cut)
+        state = read_state(folder)
         try:
-            return cls._from_state(folder, json.loads((folder / STATE_FILE).read_text()), progress)
+            return cls._from_state(folder, state, progress)
         except (ValueError, KeyError, TypeError) as err:  # pydantic's ValidationError is a ValueError
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise SpecError("resume", f"{folder / STATE_FILE} is not a valid search state: {first}") from None
@@ -372,40 +346,7 @@ class Search:
         )
 
     def _collect(self, grid: Any, pr: PruneResult) -> SearchResult:
-        """One `TrialRecord` per Tune trial, from its reports (every step) and Tune's error."""
-        import math
-
-        by_key = {c.key: c for c in pr.candidates}
-        trials = []
-        for res in grid:
-            key = (res.config or {}).get("plan")
-            if key not in by_key:
-                continue
-            df = res.metrics_dataframe
-            rows = [] if df is None else df.to_dict("records")
-            rows = [
-                {k: v for k, v in r.items() if not (isinstance(v, float) and math.isnan(v))} for r in rows
-            ]
-            status, reason, step = trial_outcome(rows, res.error, self.steps)
-            last: dict[str, Any] = next(
-                (r for r in reversed(rows) if "step" in r and "trial_status" not in r), {}
-            )
-            observed = Observation.from_report(last)  # Tune's reports: the Ray boundary
-            trial_id = Path(res.path).name
-            trials.append(
-                TrialRecord(
-                    trial_id=trial_id,
-                    key=key,
-                    plan=by_key[key].plan,
-                    status=status,
-                    reason=reason,
-                    steps=step,
-                    measured=observed.measured,
-                    predicted=observed.predicted or by_key[key].predicted,
-                    device_fallback=fallback_of(last),
-                )
-            )
-        trials.sort(key=self._launch_rank())
+        trials = collect_trials(grid, pr, self.steps, self.path)
         return SearchResult(
             self.space.metric,
             self.space.direction,
@@ -415,15 +356,6 @@ class Search:
             str(self.path),
             stopped_reason=self._stopped_reason(len(trials), pr),
         )
-
-    def _launch_rank(self) -> Any:
-        """Sort key: the order the searcher launched trials in (what a user expects to read)."""
-        from service.search.tuning import LAUNCH_ORDER_FILE
-
-        order_file = self.path / LAUNCH_ORDER_FILE
-        lines = order_file.read_text().split("\n") if order_file.is_file() else []
-        rank = {line.split()[0]: i for i, line in enumerate(lines) if line.strip()}
-        return lambda t: rank.get(t.trial_id, len(rank))
 
     def _stopped_reason(self, ran: int, pr: PruneResult) -> str:
         planned = self._planned_trials(pr)

@@ -77,7 +77,7 @@ def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400)
             if done and _tune_saved(done):
                 # Stop the driver, and kill it only while Tune's saved state is whole: Tune rewrites it
                 # in place every 2 s, and a kill during a write cuts it off (the search is then not
-                # continued: service.search.driver.tune_state_problem).
+                # continued: service.search.state.tune_state_problem).
                 os.killpg(proc.pid, signal.SIGSTOP)
                 if _tune_saved(done):
                     break
