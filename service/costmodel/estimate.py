@@ -188,7 +188,10 @@ def _times(
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
-    # Selective recompute re-runs each block's attention sub-block (projections and attention core).
+    # Selective recompute re-runs each block's attention sub-block (projections and attention core), as
+    # this service's worker checkpoints it. Megatron checkpoints the core alone; pricing that instead was
+    # tried twice and worsened the cross-validated error both times (benchmarks/README.md), so Megatron's
+    # selective recompute keeps the projections' forward here too (a few per cent slower than it runs).
     attention_block = (
         compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
         + attention

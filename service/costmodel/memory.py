@@ -229,8 +229,11 @@ def te_layer_bytes_per_token(
       - MLP: the fc1 output the fused SwiGLU backward needs (d·2f) and fc2's input (d·f; 1·f in FP8);
         GeLU MLPs keep fc1's output (d·f) and fc2's input (d·f, 1·f in FP8).
     TE `module/layernorm_linear.py`, `layernorm_mlp.py`, `linear.py` (`ctx.save_for_backward`), Megatron-Core
-    `fusions/fused_bias_swiglu.py`. Selective recompute drops the attention sub-block's tensors, full keeps
-    the block input (d·h), as for the Hugging Face count."""
+    `fusions/fused_bias_swiglu.py`. Selective recompute is Megatron's: the attention core alone is
+    checkpointed (`_checkpointed_attention_forward` in megatron/core/transformer/attention.py passes q, k
+    and v to the checkpoint, which keeps them; linear_proj keeps the output as its input), so with a fused
+    kernel it drops only the log-sum-exp. Full recompute keeps the block input (d·h), as for the Hugging
+    Face count."""
     h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
     g = np.where(np.asarray(precision) == PRECISION_FP8, 1, d)  # bytes of a saved GEMM input
     split = np.where(sequence_parallel, tp, 1)
@@ -239,11 +242,9 @@ def te_layer_bytes_per_token(
     gate = 2 if model.mlp == "swiglu" else 1
     mlp = (d * gate * f + g * f) / tp
     full = d * h / split
-    return np.select(
-        [recompute == 0, recompute == 1],
-        [2 * norm + attention + mlp, norm + mlp],
-        full,
-    )
+    none = 2 * norm + attention + mlp
+    selective = none - FP32 * model.num_attention_heads / tp
+    return np.select([recompute == 0, recompute == 1], [none, selective], full)
 
 
 def recompute_peak_bytes_per_token(

@@ -189,3 +189,12 @@ def test_interleaved_chunks_reduce_and_gather_behind_the_other_chunks_compute():
     assert exposed(1, c) == pytest.approx(total - 2 * c, rel=1e-9)
     # Without --overlap-grad-reduce / --overlap-param-gather, the chunks change nothing.
     assert exposed(4, c, overlap=False) == pytest.approx(exposed(1, c, overlap=False))
+
+
+def test_megatron_selective_recompute_keeps_q_k_v_and_drops_only_the_log_sum_exp():
+    """The checkpoint keeps its inputs (q, k, v) and linear_proj keeps the output as its input: with a
+    fused kernel, selective recompute frees only the fp32 log-sum-exp per head (4a/tp)."""
+    bf16 = PRECISION_CODES.index("bf16")
+    none = mem.te_layer_bytes_per_token(LLAMA70, 4, True, np.array(0), 2, bf16)
+    selective = mem.te_layer_bytes_per_token(LLAMA70, 4, True, np.array(1), 2, bf16)
+    assert none - selective == pytest.approx(4 * 64 / 4)
