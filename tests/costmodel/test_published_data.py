@@ -69,7 +69,8 @@ def test_inline_models_reproduce_source_parameter_counts(ds):
             checked += 1
         else:  # the source prints only a nominal size ("8B"): the shape must come from a config file
             assert re.search(r"\.(yaml|py)\b", entry["source"]), name
-    assert checked >= len(ds.models) - 3
+    # NeMo's configs name GPT-3 5B/20B and Nemotron 8B/22B by nominal size only.
+    assert checked >= len(ds.models) - 4
     # Narayanan et al. Table 2 calls GPT-3 "174.6B"; the catalog entry must be that model.
     assert load_model("gpt3-175b").num_params == pytest.approx(174.6e9, rel=0.01)
 
