@@ -42,6 +42,9 @@ class Source(BaseModel):
     fused_elementwise: bool = Field(
         False, description="Its model code fused the element-wise ops (Workload.fused_elementwise)."
     )
+    flash_attention: bool = Field(
+        True, description="Its attention kept no s×s scores (Workload.flash_attention); false = materialised."
+    )
 
 
 class Measured(BaseModel):
@@ -158,14 +161,13 @@ def cluster_spec(row: Measurement) -> ClusterSpec:
 
 def workload(ds: Dataset, row: Measurement) -> Workload:
     # tokens_to_train only sets hours and dollars, which this benchmark does not score.
-    # Megatron-LM in 2021-22 materialised the attention scores; every other source ran fused attention.
-    flash = not row.source.startswith("megatron-")
+    source = ds.sources[row.source]
     return Workload(
         seq_len=row.seq_len,
         global_batch_sequences=row.global_batch,
         tokens_to_train=1e9,
-        flash_attention=flash,
-        fused_elementwise=ds.sources[row.source].fused_elementwise,
+        flash_attention=source.flash_attention,
+        fused_elementwise=source.fused_elementwise,
     )
 
 

@@ -36,6 +36,18 @@ def test_published_set_loads_every_row():
     assert any(r.plan.tp > 1 and r.plan.pp > 1 for r in runs)  # Megatron 3D layouts kept as they ran
 
 
+def test_sources_say_how_their_attention_and_element_wise_ops_ran():
+    """Each source's kernels reach its runs' workloads: Megatron-LM 2021-22 materialised the scores, the
+    FSDP sources ran fused attention, MosaicML's MPT fused its element-wise ops and fms-fsdp did not."""
+    runs = load_runs(ROOT / "benchmarks" / "published" / "measurements.yaml")
+    by_source = {r.source: r.workload for r in runs}
+    assert not by_source["megatron-korthikanti2022"].flash_attention
+    assert not by_source["megatron-nemo-launcher2022"].flash_attention
+    assert by_source["torchtitan"].flash_attention and by_source["nemo-h100-fp8"].flash_attention
+    assert by_source["mosaicml-llm-foundry"].fused_elementwise
+    assert not by_source["ibm-fms-fsdp"].fused_elementwise
+
+
 def test_published_hsdp_rows_shard_within_a_node():
     """fms-fsdp's 7B/13B runs are HSDP (shard inside a node, replicate across): FSDP plans with shard
     groups of 8, which the cost model prices with their intra-node gathers."""
