@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.spec.errors import validate_as
+from service.spec.errors import SpecError, validate_as
 
 Engine = Literal["deepspeed", "fsdp", "megatron"]
 ContextStyle = Literal["ulysses", "ring"]
@@ -108,9 +108,9 @@ def _flatten(data: Any, path: Path) -> Any:
                 out["sources"][key] = entry["source"]
             if "why" in entry:
                 out["why"][key] = entry["why"]
-            extra = set(entry) - {"value", "source", "why"}
+            extra = sorted(set(entry) - {"value", "source", "why"})
             if extra:
-                out.setdefault("_unknown", sorted(extra))  # extra="forbid" names it
+                raise SpecError(f"{key}.{extra[0]}", "unknown key; allowed: value, source, why", str(path))
         else:
             out[key] = entry
     return out

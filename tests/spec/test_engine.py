@@ -102,3 +102,13 @@ def test_the_overlaps_belong_to_megatron_and_need_sequence_parallel():
 def test_catalog_holds_exactly_the_engines_the_plan_type_names():
     files = {p.stem for p in (Path(__file__).parents[2] / "service" / "catalog" / "engines").glob("*.yaml")}
     assert files == set(ENGINES)
+
+
+def test_an_unknown_key_in_an_engine_entry_is_one_line_naming_it():
+    from service.spec.engine import _flatten
+
+    message = r"^x\.yaml: offload\.sourc: unknown key; allowed: value, source, why$"
+    with pytest.raises(SpecError, match=message):
+        _flatten({"offload": {"value": "none", "sourc": "typo"}}, Path("x.yaml"))
+    flat = _flatten({"offload": {"value": "none", "source": "s", "why": "w"}}, Path("x.yaml"))
+    assert flat == {"offload": "none", "sources": {"offload": "s"}, "why": {"offload": "w"}}
