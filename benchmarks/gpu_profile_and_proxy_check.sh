@@ -12,41 +12,46 @@
 #
 # On the device machine, from the repository root:
 #   bash benchmarks/gpu_profile_and_proxy_check.sh
-# Prerequisites there: torch, numpy, transformers (in the image); pydantic and pyyaml for the profile;
-# deepspeed, hjson, psutil for the proxy check. Wheels carried in .wheels/ (ignored; see the `run`
-# tool's `carry`) are installed offline first. Without CUDA the same script profiles the CPU with a
+# Prerequisites there: torch, numpy, transformers, pyyaml, psutil (in the image); pydantic for the
+# profile; deepspeed and hjson for the proxy check. Wheels carried in .whl/ (git-ignored; made with
+# `pip download --no-deps` for pydantic, pydantic_core (cp311/312/313), annotated_types,
+# typing_inspection, hjson, and `pip wheel --no-deps --no-build-isolation deepspeed==0.19.8`) are
+# installed offline with --no-deps into /tmp/site first. Without CUDA the same script profiles the CPU with a
 # short budget and records why the proxy check did not run, so it can be tried on any machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"
 mkdir -p "$OUT"
 LOG="$OUT/gpu_profile_and_proxy_check.log"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python3}"  # the GPU image names its interpreter python3
+export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 started=$(date +%s)
 {
-  echo "== $(date -u +%FT%TZ) $(uname -m) python $(python -c 'import sys; print(sys.version.split()[0])')"
+  echo "== $(date -u +%FT%TZ) $(uname -m) python $($PY -c 'import sys; print(sys.version.split()[0])')"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
-  if [ -d .wheels ]; then
-    python -m pip install -q --no-index --find-links .wheels pydantic pyyaml hjson psutil deepspeed 2>&1 | tail -3
+  if [ -d .whl ]; then  # pure wheels plus the pydantic_core built for this python
+    tag=$($PY -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    wheels=$(ls .whl/*.whl | grep -v -- '-cp3' ; ls .whl/*-"$tag"-*.whl 2>/dev/null)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels 2>&1 | tail -3
   fi
-  python -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 } 2>&1 | tee "$LOG"
 
-if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   device=cuda budget="${PROFILE_BUDGET_S:-100}" shapes=(--model "${PROFILE_MODEL:-llama2-13b}")
 else  # a smoke test of this script: the tiny CPU proxy's shapes, no gloo processes
   device=cpu budget="${PROFILE_BUDGET_S:-20}" shapes=(--experiment experiments/tiny-cpu.yaml --workers 0)
 fi
-base=$(python -c "from service.profile.run import catalog_gpu_for_device as c; print(c('$device'))")
+base=$($PY -c "from service.profile.run import catalog_gpu_for_device as c; print(c('$device'))")
 entry="${base}-profiled"
 
 echo "== profile: $device, ${shapes[*]}, budget ${budget}s, catalog entry $entry" | tee -a "$LOG"
-timeout $((budget + 90)) python -m service profile --device "$device" "${shapes[@]}" --budget-s "$budget" \
+timeout $((budget + 90)) $PY -m service profile --device "$device" "${shapes[@]}" --budget-s "$budget" \
   --json --out "$OUT/gpu_profile.yaml" --write-catalog "$entry" >"$OUT/gpu_profile.json" 2>>"$LOG"
 profile_rc=$?
 if [ "$profile_rc" -eq 0 ]; then
   mv "service/catalog/gpus/$entry.yaml" "$OUT/$entry.yaml"  # the device copy of the repo is thrown away
-  python - "$OUT/gpu_profile.yaml" <<'PY' 2>&1 | tee -a "$LOG"
+  $PY - "$OUT/gpu_profile.yaml" <<'PY' 2>&1 | tee -a "$LOG"
 import sys
 from service.profile import load_profile
 p = load_profile(sys.argv[1])
@@ -59,10 +64,10 @@ fi
 echo "== gpu_proxy_check ($(( $(date +%s) - started )) s so far)" | tee -a "$LOG"
 if [ "$device" != cuda ]; then
   echo "no CUDA GPU on $(hostname): gpu_proxy_check.py needs one" | tee "$OUT/gpu_proxy_check.skipped" | tee -a "$LOG"
-elif ! python -c "import deepspeed" 2>/dev/null; then
-  echo "deepspeed is not importable here (carry wheels in .wheels/)" | tee "$OUT/gpu_proxy_check.skipped" | tee -a "$LOG"
+elif ! $PY -c "import deepspeed" 2>/dev/null; then
+  echo "deepspeed is not importable here (carry wheels in .whl/)" | tee "$OUT/gpu_proxy_check.skipped" | tee -a "$LOG"
 else
-  timeout 210 python benchmarks/gpu_proxy_check.py --out "$OUT/gpu_proxy_check.json" 2>&1 | tail -20 | tee -a "$LOG"
+  timeout "${PROXY_CHECK_TIMEOUT_S:-180}" $PY benchmarks/gpu_proxy_check.py --budget-s $(( ${PROXY_CHECK_TIMEOUT_S:-180} - 45 )) --out "$OUT/gpu_proxy_check.json" 2>&1 | tail -20 | tee -a "$LOG"
 fi
 echo "== done in $(( $(date +%s) - started )) s; files in $OUT" | tee -a "$LOG"
 exit "$profile_rc"

@@ -15,7 +15,7 @@ built with `pip wheel deepspeed==0.19.8 --no-deps --no-build-isolation`), `hjson
     python benchmarks/gpu_proxy_check.py                 # writes benchmarks/results/gpu_proxy_check.json
     python benchmarks/gpu_proxy_check.py --gpu h100-sxm-80gb --plans 2
 
-This script was written on a machine without a GPU and has not been run yet.
+`--device cpu --experiment experiments/tiny-cpu.yaml` is a smoke run of the same flow on a CPU.
 """
 
 from __future__ import annotations
@@ -55,16 +55,20 @@ def catalog_gpu_name() -> str:
     raise SystemExit(f"no catalog entry for {name!r}; pass --gpu")
 
 
-def experiment_for(base, layers: int, gpu: str, steps: int):
-    """The 13B experiment as a one-GPU, `layers`-layer bf16 proxy on this machine's GPU."""
+def experiment_for(base, layers: int, gpu: str, steps: int, device: str = "cuda"):
+    """The 13B experiment as a one-GPU, `layers`-layer bf16 proxy on this machine's GPU.
+
+    `device="cpu"` is the smoke run of this script on a machine without a GPU (the experiment's own
+    precision, one CPU rank): it checks the flow, not the numbers.
+    """
     from service.spec import ClusterSpec
 
     proxy = base.proxy.model_copy(
         update={
             "num_layers": layers,
             "num_workers": 1,
-            "device": "cuda",
-            "precision": "bf16",
+            "device": device,
+            "precision": "bf16" if device == "cuda" else base.proxy.precision,
             "steps": steps,
             "warmup_steps": 2,
             "checkpoint_every": 0,
@@ -107,7 +111,8 @@ def run_one(experiment, plan, steps: int) -> dict:
         if pred.get(k)
     }
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return {
         "plan": plan.short(),
         "layers": cfg.model.num_layers,
@@ -120,13 +125,35 @@ def run_one(experiment, plan, steps: int) -> dict:
     }
 
 
+def write_results(out: str, results: list[dict], gpu: str, base, started: float, cuda: bool) -> None:
+    import torch
+
+    doc = {
+        "gpu": torch.cuda.get_device_name(0) if cuda else "cpu (smoke run)",
+        "catalog_gpu": gpu,
+        "model": base.model.name,
+        "seq_len": base.workload.seq_len,
+        "total_s": time.time() - started,
+        "results": results,
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default=str(ROOT / "experiments/llama2-13b-32xh100.yaml"))
     parser.add_argument("--gpu", help="catalog GPU name (default: detected)")
     parser.add_argument("--plans", type=int, default=len(PLANS), help="run the first N plans")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--budget-s", type=float, default=150.0, help="start no plan after this many seconds")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_proxy_check.json"))
+    parser.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cpu: a smoke run of the flow without a GPU (use with --experiment experiments/tiny-cpu.yaml)",
+    )
     args = parser.parse_args()
     for key, value in (
         ("RANK", "0"),
@@ -140,31 +167,43 @@ def main() -> int:
 
     from service.spec import Plan, load_experiment
 
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA GPU: this check needs one (tests never do)")
-    gpu = args.gpu or catalog_gpu_name()
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU: this check needs one (tests never do; --device cpu is a smoke run)")
+    gpu = args.gpu or (catalog_gpu_name() if cuda else "cpu")
     base = load_experiment(args.experiment)
+    precision = "bf16" if cuda else base.proxy.precision
     results, started = [], time.time()
     for layers, fields in PLANS[: args.plans]:
-        experiment = experiment_for(base, layers, gpu, args.steps)
-        plan = Plan(dp=1, tp=1, pp=1, precision="bf16", **fields)
+        experiment = experiment_for(base, layers, gpu, args.steps, args.device)
+        plan = Plan(dp=1, tp=1, pp=1, precision=precision, **fields)
         try:
             results.append(run_one(experiment, plan, args.steps))
         except torch.OutOfMemoryError as err:
             results.append(
                 {"plan": plan.short(), "layers": layers, "status": "oom", "reason": str(err)[:300]}
             )
+        except Exception as err:  # one broken plan must not cost the others their device time
+            import traceback
+
+            tail = traceback.format_exc()[-1500:]
+            print(tail, flush=True)
+            results.append(
+                {
+                    "plan": plan.short(),
+                    "layers": layers,
+                    "status": "error",
+                    "reason": repr(err)[:300],
+                    "traceback": tail,
+                }
+            )
         print(json.dumps(results[-1].get("measured_over_predicted", results[-1]), default=str), flush=True)
-    out = {
-        "gpu": torch.cuda.get_device_name(0),
-        "catalog_gpu": gpu,
-        "model": base.model.name,
-        "seq_len": base.workload.seq_len,
-        "total_s": time.time() - started,
-        "results": results,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
+        write_results(args.out, results, gpu, base, started, cuda)  # after every plan: a timeout keeps them
+        if time.time() - started > args.budget_s:
+            print(
+                f"budget of {args.budget_s:.0f} s spent: {len(results)} of {args.plans} plans ran", flush=True
+            )
+            break
     print(f"wrote {args.out}")
     return 0
 
