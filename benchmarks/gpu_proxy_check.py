@@ -24,6 +24,8 @@ import argparse
 import gc
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +40,14 @@ PLANS: list[tuple[int, dict]] = [
     (2, {"zero_stage": 3, "micro_batch": 1, "grad_accum": 2, "recompute": "none"}),
     (4, {"zero_stage": 1, "micro_batch": 1, "grad_accum": 2, "recompute": "none"}),
 ]
+# `--set depth`: one plan over 1-8 layers, and 8 layers at micro-batch 2, to split the step time into a
+# per-layer and a fixed part (embedding, lm_head, loss, optimizer step, framework) as measured and as
+# predicted: the proxies' promise is that what they measure at 1-8 layers extrapolates to 40.
+DEPTH_PLANS: list[tuple[int, dict]] = [
+    (layers, {"zero_stage": 1, "micro_batch": 1, "grad_accum": 2, "recompute": "none"})
+    for layers in (1, 2, 4, 8)
+] + [(8, {"zero_stage": 1, "micro_batch": 2, "grad_accum": 1, "recompute": "none"})]
+PLAN_SETS = {"plans": PLANS, "depth": DEPTH_PLANS}
 
 
 def catalog_gpu_name() -> str:
@@ -144,8 +154,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default=str(ROOT / "experiments/llama2-13b-32xh100.yaml"))
     parser.add_argument("--gpu", help="catalog GPU name (default: detected)")
-    parser.add_argument("--plans", type=int, default=len(PLANS), help="run the first N plans")
+    parser.add_argument(
+        "--set", choices=sorted(PLAN_SETS), default="plans", help="which plans (default: plans)"
+    )
+    parser.add_argument("--plans", type=int, default=99, help="run the first N plans of the set")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--plan-index", type=int, help=argparse.SUPPRESS)  # internal: the child process
     parser.add_argument("--budget-s", type=float, default=150.0, help="start no plan after this many seconds")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_proxy_check.json"))
     parser.add_argument(
@@ -173,36 +187,44 @@ def main() -> int:
     gpu = args.gpu or (catalog_gpu_name() if cuda else "cpu")
     base = load_experiment(args.experiment)
     precision = "bf16" if cuda else base.proxy.precision
-    results, started = [], time.time()
-    for layers, fields in PLANS[: args.plans]:
+    if args.plan_index is not None:  # the child: one plan, in a process of its own
+        layers, fields = PLAN_SETS[args.set][args.plan_index]
         experiment = experiment_for(base, layers, gpu, args.steps, args.device)
         plan = Plan(dp=1, tp=1, pp=1, precision=precision, **fields)
         try:
-            results.append(run_one(experiment, plan, args.steps))
+            result = run_one(experiment, plan, args.steps)
         except torch.OutOfMemoryError as err:
-            results.append(
-                {"plan": plan.short(), "layers": layers, "status": "oom", "reason": str(err)[:300]}
-            )
-        except Exception as err:  # one broken plan must not cost the others their device time
-            import traceback
-
-            tail = traceback.format_exc()[-1500:]
+            result = {"plan": plan.short(), "layers": layers, "status": "oom", "reason": str(err)[:300]}
+        Path(args.out).write_text(json.dumps(result, default=str))
+        return 0
+    # Each plan in a fresh process: DeepSpeed engines keep references (and CUDA memory) after a plan
+    # ends, so a second plan in the same process measured 1.7-1.9x its peak (first H200 run).
+    results, started = [], time.time()
+    for index, (layers, fields) in enumerate(PLAN_SETS[args.set][: args.plans]):
+        child_out = Path(tempfile.mkdtemp(prefix="gpu-proxy-plan-")) / "result.json"
+        cmd = [sys.executable, __file__, "--plan-index", str(index), "--out", str(child_out)]
+        cmd += ["--experiment", args.experiment, "--gpu", gpu, "--steps", str(args.steps)]
+        cmd += ["--device", args.device, "--set", args.set]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if child_out.exists():
+            results.append(json.loads(child_out.read_text()))
+        else:
+            plan_name = Plan(dp=1, tp=1, pp=1, precision=precision, **fields).short()
+            tail = (proc.stdout + proc.stderr)[-1500:]
             print(tail, flush=True)
             results.append(
                 {
-                    "plan": plan.short(),
+                    "plan": plan_name,
                     "layers": layers,
                     "status": "error",
-                    "reason": repr(err)[:300],
-                    "traceback": tail,
+                    "rc": proc.returncode,
+                    "log_tail": tail,
                 }
             )
         print(json.dumps(results[-1].get("measured_over_predicted", results[-1]), default=str), flush=True)
         write_results(args.out, results, gpu, base, started, cuda)  # after every plan: a timeout keeps them
         if time.time() - started > args.budget_s:
-            print(
-                f"budget of {args.budget_s:.0f} s spent: {len(results)} of {args.plans} plans ran", flush=True
-            )
+            print(f"budget of {args.budget_s:.0f} s spent: {len(results)} plans ran", flush=True)
             break
     print(f"wrote {args.out}")
     return 0

@@ -84,7 +84,10 @@ def _checkpointed_attention(attn: torch.nn.Module) -> None:
 def apply_recompute(model: torch.nn.Module, recompute: str) -> None:
     """Applies `none` / `selective` / `full` activation checkpointing to a LlamaForCausalLM in place."""
     if recompute == "full":
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})  # type: ignore[operator]
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 (pinned here)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})  # type: ignore[operator]
+        else:  # transformers 4's name, as on GPU images that bring their own transformers
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})  # type: ignore[operator]
     elif recompute == "selective":
         for layer in model.model.layers:  # type: ignore[union-attr,assignment]
             _checkpointed_attention(layer.self_attn)
