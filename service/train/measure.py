@@ -164,9 +164,15 @@ class ActivationMeter:
     """Peak bytes of tensors saved for backward, per storage, parameters excluded.
 
     Use as a context manager around forward *and* backward (recompute saves tensors during backward).
-    Parameter storages are re-read at every save because ZeRO-3 swaps a parameter's storage when it
-    gathers it. While `tally` is on, new saved bytes are also added up by the module that saved them
-    (`by_module`, layer indices folded into `*`), to say which tensors dominate.
+    A saved tensor is a parameter (not counted) when it is one, or shares the storage of a parameter of
+    a module now running (a view such as `weight.t()`). Those storages are read at each save, because
+    ZeRO-3 swaps a parameter's storage when it gathers it; reading only the running modules' own
+    parameters keeps a save O(nesting depth). Reading every parameter of the model at each save, as this
+    did before, cost O(layers²) host time a step: 66 ms at 8 tiny layers and 0.9 s at 32 on this CPU, and
+    on an H200 it made an 8-layer 13B-width proxy step 1.5x slower than 2x its 4-layer step
+    (benchmarks/results/gpu_proxy_depth.json). While `tally` is on, new saved bytes are also added up
+    by the module that saved them (`by_module`, layer indices folded into `*`), to say which tensors
+    dominate.
     """
 
     def __init__(self, module: torch.nn.Module):
@@ -176,15 +182,15 @@ class ActivationMeter:
         self.peak_bytes = 0
         self.tally = False
         self.by_module: dict[str, int] = {}
-        self._stack: list[str] = []
+        self._stack: list[tuple[str, torch.nn.Module]] = []  # the modules now running, outermost first
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         for name, sub in module.named_modules():
             sub.register_forward_pre_hook(self._enter_hook(name))
             sub.register_forward_hook(self._exit_hook)
 
     def _enter_hook(self, name: str) -> Any:
-        def hook(_module: torch.nn.Module, _args: Any) -> None:
-            self._stack.append(name)
+        def hook(module: torch.nn.Module, _args: Any) -> None:
+            self._stack.append((name, module))
 
         return hook
 
@@ -192,8 +198,13 @@ class ActivationMeter:
         if self._stack:
             self._stack.pop()
 
-    def _param_keys(self) -> set[tuple[str, int]]:
-        return {_storage_key(p) for p in self.module.parameters() if p.numel() > 0}
+    def _is_running_parameter(self, key: tuple[str, int]) -> bool:
+        """Whether `key` is the storage of a parameter of a module now running (innermost first)."""
+        for _, running in reversed(self._stack):
+            for p in running.parameters(recurse=False):
+                if p.numel() > 0 and _storage_key(p) == key:
+                    return True
+        return False
 
     def _release(self, key: tuple[str, int]) -> None:
         entry = self.live.get(key)
@@ -208,14 +219,14 @@ class ActivationMeter:
         if tensor.numel() == 0 or isinstance(tensor, torch.nn.Parameter):
             return tensor
         key = _storage_key(tensor)
-        if key in self._param_keys():
+        if self._is_running_parameter(key):
             return tensor
         entry = self.live.setdefault(key, [_storage_bytes(tensor), 0])
         if entry[1] == 0:
             self.live_bytes += entry[0]
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
             if self.tally:
-                where = _generic_name(self._stack[-1]) if self._stack else "(outside modules)"
+                where = _generic_name(self._stack[-1][0]) if self._stack else "(outside modules)"
                 self.by_module[where] = self.by_module.get(where, 0) + entry[0]
         entry[1] += 1
         packed = _Packed(tensor)

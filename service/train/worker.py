@@ -7,6 +7,7 @@ is the same loop for any launcher (the torchrun benchmark and the GPU check use 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -85,10 +86,13 @@ def data_parallel_rank(engine: Any) -> tuple[int, int]:
 
 
 def _train_step(
-    engine: Any, loader: ShardedLoader, cfg: WorkerConfig, meter: measure.ActivationMeter
+    engine: Any, loader: ShardedLoader, cfg: WorkerConfig, meter: measure.ActivationMeter | None
 ) -> float:
-    """One optimizer step (grad_accum micro-batches); returns the mean loss over its micro-batches."""
-    with meter:
+    """One optimizer step (grad_accum micro-batches); returns the mean loss over its micro-batches.
+
+    `meter` counts saved activations (its autograd hooks cost host time per saved tensor), or None on
+    steps that are timed and need no counting."""
+    with meter if meter is not None else contextlib.nullcontext():
         if cfg.plan.pp > 1:
             return float(engine.train_batch(data_iter=loader))
         total = 0.0
@@ -298,8 +302,11 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
         _maybe_fail(cfg, step, rank, world)
         _maybe_stall(cfg, step, rank)
         probe.armed = meter.tally = step == min(start + 2, cfg.steps)  # optimizer states exist after step 1
+        # Saved activations are the same every step: count them on the warm-up steps (and the armed one)
+        # and keep the timed steps free of the meter's hooks.
+        metered = step <= start + max(cfg.proxy.warmup_steps, 2)
         t0 = time.perf_counter()
-        loss = _mean_over_ranks(_train_step(engine, loader, cfg, meter))
+        loss = _mean_over_ranks(_train_step(engine, loader, cfg, meter if metered else None))
         times.append(time.perf_counter() - t0)
         losses.append(loss)
         rows = _memory_rows(probe, meter, device)
