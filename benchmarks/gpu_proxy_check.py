@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `service` from this checkout, installed or not (the GPU image has it not)
 
 # (layers, plan fields): dp = tp = pp = 1 on one GPU; bf16 as production.
 PLANS: list[tuple[int, dict]] = [
