@@ -26,7 +26,7 @@ from service.search.config import RunConfig, SearchConfig, merge
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
 from service.search.result import SearchResult
 from service.search.space import Algorithm, SearchSpace, load_space, space_from_dict
-from service.search.state import STATE_FILE, read_state, tune_state_problem
+from service.search.state import STATE_FILE, invalid_state, read_state, tune_state_problem
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.record import PREDICTED
@@ -188,7 +188,7 @@ class Search:
             return cls._from_state(folder, state, progress)
         except (ValueError, KeyError, TypeError) as err:  # pydantic's ValidationError is a ValueError
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise SpecError("resume", f"{folder / STATE_FILE} is not a valid search state: {first}") from None
+            raise invalid_state(folder, first) from None
 
     @classmethod
     def _from_state(cls, folder: Path, state: dict[str, Any], progress: bool) -> Search:

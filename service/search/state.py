@@ -35,6 +35,11 @@ def tune_state_problem(folder: Path) -> str | None:
     return None
 
 
+def invalid_state(folder: Path, why: str) -> SpecError:
+    """The one-line error for a state file that is there but cannot be read as a search."""
+    return SpecError("resume", f"{folder / STATE_FILE} is not a valid search state: {why}")
+
+
 def read_state(folder: Path) -> dict[str, Any]:
     """The saved state of the search in `folder`; a one-line `SpecError` (field `resume`) when there is
     none, when Tune's state was cut off, or when the file is not JSON."""
@@ -46,7 +51,7 @@ def read_state(folder: Path) -> dict[str, Any]:
     try:
         state = json.loads((folder / STATE_FILE).read_text())
     except ValueError as err:
-        raise SpecError("resume", f"{folder / STATE_FILE} is not a valid search state: {err}") from None
+        raise invalid_state(folder, str(err)) from None
     if not isinstance(state, dict):
-        raise SpecError("resume", f"{folder / STATE_FILE} is not a valid search state: not a mapping")
+        raise invalid_state(folder, "not a mapping")
     return state
