@@ -112,3 +112,36 @@ def test_busiest_rank_memory_takes_the_rank_that_holds_the_most():
     assert got["measured_buffers_bytes_per_rank"] == 5.0  # the breakdown of the same rank's state
     assert got["measured_activation_bytes_per_rank"] == 900.0
     assert got["measured_peak_memory_bytes_per_rank"] == 9000.0
+
+
+def test_activation_meter_cost_per_save_does_not_grow_with_depth(monkeypatch):
+    """A save is checked against the running modules' parameters only: storage reads per save stay
+    flat as layers are added (reading every parameter per save made a step O(layers²))."""
+    from service.train import measure
+
+    reads = {"n": 0}
+    original = measure._storage_key
+
+    def counting(t):
+        reads["n"] += 1
+        return original(t)
+
+    monkeypatch.setattr(measure, "_storage_key", counting)
+    per_save = {}
+    for layers in (2, 16):
+        model = build_causal_lm(TINY.model_copy(update={"num_layers": layers}), seed=0)
+        model.train()
+        saves = {"n": 0}
+        meter = ActivationMeter(model)
+        pack = meter._pack
+
+        def counted_pack(t, pack=pack, saves=saves):
+            saves["n"] += 1
+            return pack(t)
+
+        meter._hooks = torch.autograd.graph.saved_tensors_hooks(counted_pack, meter._unpack)
+        reads["n"] = 0
+        with meter:
+            forward_loss(model, torch.randint(0, TINY.vocab_size, (1, 8))).backward()
+        per_save[layers] = reads["n"] / saves["n"]
+    assert per_save[16] < 1.5 * per_save[2]  # was 6.7x: every parameter of the model, at every save
