@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one prepared device check (issue #7, item 4), ≤ 5 min on one GPU: the operator profile
+# The one prepared device check (issue #7, item 4), about 5 min on one GPU (166 s without the depth
+# set): the operator profile
 # (`python -m service profile`, bf16 GEMMs over llama2-13b's shapes, flash attention fwd/bwd, HBM
 # bandwidth, per-kernel overhead, host AdamW) and `benchmarks/gpu_proxy_check.py` (13B-width proxies,
 # measured vs predicted), in one call. Everything lands in $OUT (default benchmarks/results/), to be
@@ -8,6 +9,7 @@
 #   gpu_profile.json            the same as `--json` printed it
 #   <catalog-gpu>-profiled.yaml a catalog entry: the detected GPU's entry with the measured fields
 #   gpu_proxy_check.json        the proxy check's results (or gpu_proxy_check.skipped: why not)
+#   gpu_proxy_depth.json        the same loop over 1-8 layers (`--set depth`)
 #   gpu_profile_and_proxy_check.log
 #
 # On the device machine, from the repository root:
@@ -68,6 +70,12 @@ elif ! $PY -c "import deepspeed" 2>/dev/null; then
   echo "deepspeed is not importable here (carry wheels in .whl/)" | tee "$OUT/gpu_proxy_check.skipped" | tee -a "$LOG"
 else
   timeout "${PROXY_CHECK_TIMEOUT_S:-180}" $PY benchmarks/gpu_proxy_check.py --budget-s $(( ${PROXY_CHECK_TIMEOUT_S:-180} - 45 )) --out "$OUT/gpu_proxy_check.json" 2>&1 | tail -20 | tee -a "$LOG"
+  # The depth set (1/2/4/8 layers, and 8 at micro-batch 2): per-layer and fixed step time, measured
+  # against predicted (about 110 s on an H200). DEPTH_TIMEOUT_S=0 leaves it out.
+  if [ "${DEPTH_TIMEOUT_S:-150}" -gt 0 ]; then
+    echo "== gpu_proxy_check --set depth ($(( $(date +%s) - started )) s so far)" | tee -a "$LOG"
+    timeout "${DEPTH_TIMEOUT_S:-150}" $PY benchmarks/gpu_proxy_check.py --set depth --steps 8 --budget-s $(( ${DEPTH_TIMEOUT_S:-150} - 40 )) --out "$OUT/gpu_proxy_depth.json" 2>&1 | tail -8 | tee -a "$LOG"
+  fi
 fi
 echo "== done in $(( $(date +%s) - started )) s; files in $OUT" | tee -a "$LOG"
 exit "$profile_rc"
