@@ -222,3 +222,10 @@ def test_cuda_profile_in_bf16_against_the_datasheet_peak(tmp_path):
     spec = profile.gpu_spec()
     assert spec.hbm_bandwidth_gb_per_s > 100  # HBM, not host memory
     assert load_profile(profile.save(tmp_path / "gpu.yaml")) == profile
+
+
+def test_cuda_config_times_attention_up_to_64k_and_the_experiments_own_length():
+    from service.profile.run import default_config
+
+    cfg = default_config("cuda", seq_len=3000)
+    assert cfg.seq_lens == (1024, 2048, 3000, 4096, 8192, 16384, 32768, 65536)
