@@ -7,11 +7,13 @@ planner's prediction and the proxy's measurement describe the same run.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from service.spec.experiment import ExperimentSpec
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
+from service.spec.params import ModelParams, default_bands, load_params
 from service.spec.plan import Plan, plan_problem
 from service.spec.workload import Workload
 from service.train.ds_config import PROXY_OVERLAP_COMM, proxy_precision
@@ -98,10 +100,35 @@ def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
     return None
 
 
+# The shipped set's per-step and per-micro-step overheads are fitted on published training frameworks
+# at scale (data loading, logging, launch: 0.063 s a step in v11). A proxy runs our own worker loop,
+# whose fixed costs differ: a tiny CPU proxy's whole ZeRO-0 step measured 62 ms (benchmarks/
+# search_efficiency.py, after the activation meter's fix), less than that overhead alone. On an H200
+# the 1-layer 13B-width proxy measured 0.087 s: 0.121 s predicted with the overhead, 0.058 s without
+# (benchmarks/results/gpu_proxy_depth.json, before the meter's fix). So proxies are predicted with
+# these two at their prior (0), and a run that calibrates on proxies of the production GPU fits them
+# there (service/run/calibration.py).
+FRAMEWORK_OVERHEADS = ("step_overhead_s", "microstep_overhead_s")
+
+
+def proxy_params(params: ModelParams | None = None) -> ModelParams:
+    """`params` (default: the shipped set) with the framework-overhead terms at their analytical prior."""
+    if params is None:
+        return _shipped_proxy_params()
+    prior = default_bands()
+    return params.with_values({k: prior[k].value for k in FRAMEWORK_OVERHEADS}, created=params.created)
+
+
+@functools.cache
+def _shipped_proxy_params() -> ModelParams:
+    return proxy_params(load_params())
+
+
 def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
     """The cost model's answer for the proxy run of `plan`, per rank: the busiest one (with a pipeline, the
     first or the last stage, whichever holds more), which is what the worker reports as measured.
 
+    Time uses `proxy_params()` (the framework overheads at their prior: see FRAMEWORK_OVERHEADS).
     Model state = params + grads + optimizer + cpu_offload (everything the rank holds for the model,
     wherever it lives: the measurement counts host and device alike). Activations = activations +
     logits (every tensor saved for backward, the loss's included). Peak = the estimate's total.
@@ -114,6 +141,7 @@ def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
         proxy_plan(experiment, plan),
         proxy_workload(experiment, plan),
         memory_headroom=experiment.budget.memory_headroom,
+        params=proxy_params(),
     )
     mem = est.memory_per_gpu_bytes
     return {
