@@ -91,3 +91,21 @@ def test_prediction_has_every_key_and_sane_values(tiny):
     assert got["predicted_model_state_bytes_per_rank"] > 0 and got["predicted_fits"] == 1.0
     # fp32 on CPU: at least 4 bytes of weights per parameter on every rank under ZeRO-1
     assert got["predicted_model_state_bytes_per_rank"] >= 4 * proxy_model(tiny).num_params
+
+
+def test_proxies_are_timed_without_the_published_frameworks_overheads(tiny):
+    from service.costmodel import estimate
+    from service.spec.params import load_params
+    from service.train.proxy_scale import FRAMEWORK_OVERHEADS, proxy_params, proxy_plan
+
+    shipped, proxy = load_params(), proxy_params()
+    assert shipped["step_overhead_s"] > 0.01  # fitted on published runs (v11: 0.063 s)
+    assert all(proxy[k] == 0.0 for k in FRAMEWORK_OVERHEADS)
+    assert {k: proxy[k] for k in proxy.values if k not in FRAMEWORK_OVERHEADS} == {
+        k: shipped[k] for k in shipped.values if k not in FRAMEWORK_OVERHEADS
+    }
+    plan = Plan(dp=2, zero_stage=0, micro_batch=4)
+    args = (proxy_model(tiny), proxy_cluster(tiny, 2), proxy_plan(tiny, plan), proxy_workload(tiny, plan))
+    with_overhead = estimate(*args, params=shipped).step_time_s
+    got = predict_proxy(tiny, plan)["predicted_step_time_s"]
+    assert got == pytest.approx(with_overhead - shipped["step_overhead_s"] - shipped["microstep_overhead_s"])
