@@ -25,7 +25,16 @@ def main(argv: list[str]) -> int:
             with open(out, "a") as f:
                 f.write(json.dumps(metrics) + "\n")
 
-    run_worker(config, report)
+    try:
+        run_worker(config, report)
+    finally:
+        # torchrun leaves the process group to the program; one left alive at interpreter exit can
+        # abort there ("terminate called without an active exception", SIGABRT, seen once in the
+        # overhead benchmark) as gloo's threads are torn down unjoined.
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 
