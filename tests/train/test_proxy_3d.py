@@ -61,18 +61,17 @@ def ray_session():
 
 
 @pytest.fixture(scope="module")
-def trial(ray_session, tmp_path_factory):
-    """`trial(name)`: the result of running PLANS[name] once in this module."""
-    cache: dict[str, ProxyResult] = {}
+def trial(ray_session, tmp_path_factory, shared_trials):
+    """`trial(name)`: the result of running PLANS[name] once in this session (conftest.shared_trials)."""
     storage = str(tmp_path_factory.mktemp("proxy3d"))
 
     def get(name: str) -> ProxyResult:
-        if name not in cache:
-            plan = PLANS[name]
-            cache[name] = run_proxy(
-                _experiment(plan.num_gpus), plan, steps=STEPS, storage_path=storage, run_name=name
-            )
-        return cache[name]
+        plan, experiment = PLANS[name], _experiment(PLANS[name].num_gpus)
+        return shared_trials.get(
+            experiment,
+            plan,
+            lambda: run_proxy(experiment, plan, steps=STEPS, storage_path=storage, run_name=name),
+        )
 
     return get
 

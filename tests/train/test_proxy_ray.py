@@ -59,15 +59,16 @@ def ray_session():
 
 
 @pytest.fixture(scope="module")
-def trial(ray_session, experiment, tmp_path_factory):
-    """`trial(name)`: the result of running PLANS[name] once in this module."""
-    cache: dict[str, ProxyResult] = {}
+def trial(ray_session, experiment, tmp_path_factory, shared_trials):
+    """`trial(name)`: the result of running PLANS[name] once in this session (conftest.shared_trials)."""
     storage = str(tmp_path_factory.mktemp("proxy"))
 
     def get(name: str) -> ProxyResult:
-        if name not in cache:
-            cache[name] = run_proxy(experiment, PLANS[name], steps=STEPS, storage_path=storage, run_name=name)
-        return cache[name]
+        return shared_trials.get(
+            experiment,
+            PLANS[name],
+            lambda: run_proxy(experiment, PLANS[name], steps=STEPS, storage_path=storage, run_name=name),
+        )
 
     return get
 
