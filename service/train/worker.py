@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
-from service.train import checkpoint, measure
+from service.train import checkpoint, cpu_layout, measure
 from service.train.data import ShardedLoader, token_source
 from service.train.device import apply_collective_timeout, cap_memory, pick_device, seed_everything
 from service.train.ds_config import deepspeed_config
@@ -265,6 +265,7 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
     deepspeed = import_deepspeed()
 
     cfg = WorkerConfig.model_validate(config)
+    cpu_layout.pin_to_worker_cores()  # off the core a local Ray keeps for its own processes, if any
     device, choice = pick_device(cfg.proxy)
     apply_collective_timeout(cfg.proxy.collective_timeout_s)
     phases = {"process_start": _process_start_time(), "worker_enter": time.time()}
