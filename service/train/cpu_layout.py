@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 
+from service.spec.errors import SpecError
+
 RAY_CORES_ENV = "SERVICE_RAY_CORES"  # cores for Ray's own processes: unset = automatic, 0 = no pinning
 WORKER_CPUS_ENV = "SERVICE_WORKER_CPUS"  # set for the workers by ensure_ray: "0,1,2"
 MIN_CORES_TO_RESERVE = 4
@@ -25,14 +27,13 @@ MIN_CORES_TO_RESERVE = 4
 
 def split_cores(cores: list[int], reserve: int | None = None) -> tuple[list[int], list[int]]:
     """(Ray's cores, the workers' cores) out of `cores`; `reserve` overrides the automatic count
-    (one core from MIN_CORES_TO_RESERVE up, none below). No pinning is ([], cores)."""
+    (one core from MIN_CORES_TO_RESERVE up, none below). No pinning is ([], cores). A count that
+    leaves no worker core is bad input (SpecError: one line from the CLI)."""
     cores = sorted(cores)
     count = (1 if len(cores) >= MIN_CORES_TO_RESERVE else 0) if reserve is None else reserve
     if not 0 <= count < len(cores):
-        raise ValueError(
-            f"{RAY_CORES_ENV}: must be 0 to {len(cores) - 1} (this process may use {len(cores)} cores), "
-            f"got {count}"
-        )
+        usable = f"this process may use {len(cores)} cores"
+        raise SpecError(RAY_CORES_ENV, f"must be 0 to {len(cores) - 1} ({usable}), got {count}")
     if count == 0:
         return [], cores
     return cores[-count:], cores[:-count]
@@ -46,7 +47,7 @@ def reserve_from_env() -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{RAY_CORES_ENV}: must be a whole number of cores, got {raw!r}") from None
+        raise SpecError(RAY_CORES_ENV, f"must be a whole number of cores, got {raw!r}") from None
 
 
 def usable_cores() -> list[int]:

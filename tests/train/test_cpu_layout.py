@@ -95,3 +95,30 @@ def test_a_local_ray_runs_its_daemons_on_its_core_and_workers_move_to_theirs():
     started_on, told, pinned, now = seen["worker"]
     assert started_on == cores[-1:]  # a process raylet starts inherits raylet's mask
     assert told == ",".join(map(str, cores[:-1])) and pinned == now == cores[:-1]
+
+
+def test_a_bad_count_is_one_line_from_the_cli_before_ray_starts():
+    env = {**os.environ, cpu_layout.RAY_CORES_ENV: "x"}
+    env.pop("RAY_ADDRESS", None)
+    args = ["--tp", "1", "--pp", "1", "--zero", "1", "--micro-batch", "2", "--grad-accum", "1"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service",
+            "proxy-run",
+            "experiments/tiny-cpu.yaml",
+            *args,
+            "--recompute",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "error: SERVICE_RAY_CORES: must be a whole number of cores, got 'x'"
+    ]
