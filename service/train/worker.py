@@ -262,10 +262,12 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
     """Trains `config["steps"]` steps (from `resume_dir`'s step if given), reporting each; returns losses."""
     import torch.distributed as dist
 
+    # Off the core a local Ray keeps for its own processes, if any, before the heavy imports below
+    # (DeepSpeed, transformers: seconds of CPU each) rather than after them.
+    cpu_layout.pin_to_worker_cores()
     deepspeed = import_deepspeed()
 
     cfg = WorkerConfig.model_validate(config)
-    cpu_layout.pin_to_worker_cores()  # off the core a local Ray keeps for its own processes, if any
     device, choice = pick_device(cfg.proxy)
     apply_collective_timeout(cfg.proxy.collective_timeout_s)
     phases = {"process_start": _process_start_time(), "worker_enter": time.time()}
