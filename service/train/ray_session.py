@@ -52,6 +52,7 @@ def ensure_ray(num_cpus: int, num_gpus: int | None = None) -> bool:
         # No dashboard: what it would clean up for stopped trials (their placement groups), the
         # search's own PlacementGroupSweeper does without it (see search/stopping.py).
         ray.init(
+            address="local",  # new, even where `ray start` wrote /tmp/ray/ray_current_cluster
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             include_dashboard=False,

@@ -69,7 +69,7 @@ def test_orphaned_placement_groups_of_dead_actors_are_freed() -> None:
 
     from service.search.stopping import remove_orphaned_placement_groups
 
-    ray.init(num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1")
+    ray.init(address="local", num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1")
     try:
         driver_pg = placement_group([{"CPU": 0.5}])
         ray.get(driver_pg.ready())
