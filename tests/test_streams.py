@@ -1,0 +1,28 @@
+"""The two xdist streams of `bash .ci/test` (tests/conftest.py): every test file has one, the proxy
+trials and the killed-driver search share one, and the `ray start` cluster tests share the other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TESTS, stream_of
+
+
+def test_every_test_file_is_in_one_of_two_streams() -> None:
+    files = sorted(TESTS.rglob("test_*.py"))
+    streams = {f: stream_of(f) for f in files}
+    assert set(streams.values()) == {"trials", "rest"}
+    trials = {f.relative_to(TESTS).as_posix() for f, s in streams.items() if s == "trials"}
+    assert {"train/test_proxy_3d.py", "train/test_proxy_ray.py", "search/test_resume_driver.py"} <= trials
+    assert all(f.startswith("train/") for f in trials - {"search/test_resume_driver.py"})
+    # Both modules that share the session's tp2 trial (tests/train/conftest.py) run in one process.
+    assert stream_of(TESTS / "train/test_proxy_3d.py") == stream_of(TESTS / "train/test_proxy_ray.py")
+    cluster = [f for f in files if f.parent.name == "cluster"]
+    assert cluster and {stream_of(f) for f in cluster} == {"rest"}
+
+
+def test_a_path_outside_the_tests_folder_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        stream_of(Path("/elsewhere/test_x.py"))
