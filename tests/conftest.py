@@ -30,6 +30,7 @@ def stream_of(path: Path) -> str:
     return "trials" if relative.startswith(TRIALS) else "rest"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marker into the node id
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(stream_of(item.path)))
