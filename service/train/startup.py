@@ -2,7 +2,8 @@
 
 A proxy trial's submit → first step is mostly Python imports in fresh processes (Ray Train starts new
 worker actors for every trial); on a 2-core machine every second of import CPU in a worker is about a
-second of wall time. `import_deepspeed` drops the one import that buys a proxy worker nothing.
+second of wall time. `import_deepspeed` drops the two imports that buy a proxy worker nothing: MLflow
+(while DeepSpeed is imported) and DeepSpeed's Muon optimizer (while its engine is built).
 """
 
 from __future__ import annotations
@@ -10,9 +11,47 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
+MUON_MODULES = ("deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.runtime.zero.muon.original_muon")
+
+
+def _not_loaded(*args: object, **kwargs: object) -> None:
+    raise RuntimeError(
+        "DeepSpeed's Muon optimizer is not loaded in this worker (a stand-in from service.train.startup); "
+        "the service's plans train with Adam"
+    )
+
+
+def stand_in_for_muon() -> None:
+    """Put stand-ins for DeepSpeed's two Muon modules in `sys.modules`, unless the real ones are loaded.
+
+    DeepSpeed 0.19's ZeRO and bf16 optimizers import Muon's optimizer class and its update function on
+    every engine they build and in every gradient flattening (runtime/zero/stage_1_and_2.py
+    `average_tensor`, `_get_flat_partition_unpadded`; stage3.py; bf16_optimizer.py;
+    zero/utils.py `is_zero_supported_optimizer`), only to ask `isinstance(optimizer, MuonWithAuxAdam)`
+    or whether a tensor has `use_muon` set. Importing `original_muon` runs its
+    `deepspeed.runtime.compiler.compile()` decorators, which import torch._dynamo's backends and
+    torch._inductor (the code's own comment: "importing Muon compiles its kernels"): about 1.4 s of
+    CPU per worker process here (cProfile of one proxy worker). The service's plans train with Adam
+    (service/train/ds_config.py), so the answers are always "no". The stand-ins give them without the
+    import: a `MuonWithAuxAdam` no optimizer is an instance of, and a `muon_update` that is never
+    reached; both raise if anything ever calls them.
+    """
+    optimizer_module, update_module = MUON_MODULES
+    if optimizer_module not in sys.modules:
+        module = ModuleType(
+            optimizer_module, "Stand-in for DeepSpeed's Muon optimizer (service.train.startup)."
+        )
+        module.MuonWithAuxAdam = type("MuonWithAuxAdam", (), {"__init__": _not_loaded})  # type: ignore[attr-defined]
+        sys.modules[optimizer_module] = module
+    if update_module not in sys.modules:
+        module = ModuleType(update_module, "Stand-in for DeepSpeed's Muon update (service.train.startup).")
+        module.muon_update = _not_loaded  # type: ignore[attr-defined]
+        sys.modules[update_module] = module
+
 
 def import_deepspeed() -> ModuleType:
-    """`import deepspeed`, without DeepSpeed importing MLflow on the way.
+    """`import deepspeed` for a worker process: without DeepSpeed importing MLflow on the way, and with
+    the Muon stand-ins (`stand_in_for_muon`) in place for its engine.
 
     DeepSpeed's autotuner, imported by `deepspeed/__init__.py` through `runtime.config`, does
     `try: import mlflow` (deepspeed/autotuning/autotuner.py, 0.19.x) only to log autotuning
@@ -22,6 +61,7 @@ def import_deepspeed() -> ModuleType:
     is removed so later code in the process could still import it. A process that already has mlflow
     (a driver, a test) is left alone.
     """
+    stand_in_for_muon()
     if "deepspeed" in sys.modules:
         return sys.modules["deepspeed"]
     block = "mlflow" not in sys.modules

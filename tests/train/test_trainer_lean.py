@@ -1,8 +1,11 @@
 """A proxy trial starts without the Ray Train actors it does not need, and its workers import DeepSpeed
-without MLflow; the production run keeps Ray Train's defaults. (Timed by benchmarks/proxy_overhead.py.)"""
+without MLflow and build its engine without its Muon modules; the production run keeps Ray Train's
+defaults. (Timed by benchmarks/proxy_overhead.py.)"""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -66,3 +69,51 @@ def test_worker_imports_deepspeed_without_mlflow():
         ln.split()[1:] for ln in out.stdout.splitlines() if ln.startswith("RESULT")
     ]  # DeepSpeed prints too
     assert lines == [["False", "False", "deepspeed"], ["ok"]]
+
+
+WORKER_WITHOUT_MUON = """
+import json, sys
+from service.train.worker import run_worker
+losses = []
+run_worker(json.loads(open(sys.argv[1]).read()), lambda metrics, _: losses.append(metrics["loss"]))
+from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+from deepspeed.runtime.zero.muon.original_muon import muon_update
+try:
+    MuonWithAuxAdam()
+    built = "built"
+except RuntimeError as e:
+    built = "refused" if "not loaded" in str(e) else repr(e)
+print("RESULT", json.dumps({"losses": losses, "inductor": "torch._inductor.compile_fx" in sys.modules,
+                            "built": built, "update": muon_update.__module__}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [1, 3])
+def test_worker_trains_without_importing_deepspeeds_muon(tmp_path, zero_stage):
+    """DeepSpeed's ZeRO optimizers import its Muon modules (and through them torch._inductor, ~1.4 s of
+    CPU) on every engine and gradient flattening; the worker's stand-ins answer "not Muon" without it,
+    the plan still trains, and the stand-in refuses to be used as an optimizer."""
+    from service.train.trainer import worker_config
+
+    experiment = load_experiment(ROOT / "experiments/tiny-cpu.yaml")
+    plan = Plan(dp=1, zero_stage=zero_stage, micro_batch=2, grad_accum=2, precision="fp32")
+    cfg = worker_config(experiment, plan, run_dir=str(tmp_path), steps=3, checkpoint_every=0, predicted={})
+    (tmp_path / "config.json").write_text(cfg.model_dump_json())
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    env |= {"MASTER_PORT": str(29740 + zero_stage), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER_WITHOUT_MUON, str(tmp_path / "config.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    assert len(result["losses"]) == 3 and all(math.isfinite(x) for x in result["losses"])
+    assert result["inductor"] is False
+    assert result["built"] == "refused"
+    assert result["update"] == "service.train.startup"
