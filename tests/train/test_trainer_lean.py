@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +102,9 @@ def test_worker_trains_without_importing_deepspeeds_muon(tmp_path, zero_stage):
     cfg = worker_config(experiment, plan, run_dir=str(tmp_path), steps=3, checkpoint_every=0, predicted={})
     (tmp_path / "config.json").write_text(cfg.model_dump_json())
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    env |= {"MASTER_PORT": str(29740 + zero_stage), "OMP_NUM_THREADS": "1"}
+    with socket.socket() as sock:  # a free port: the other xdist stream may run gloo groups too
+        sock.bind(("127.0.0.1", 0))
+        env |= {"MASTER_PORT": str(sock.getsockname()[1]), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", WORKER_WITHOUT_MUON, str(tmp_path / "config.json")],
         capture_output=True,
