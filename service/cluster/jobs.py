@@ -34,6 +34,12 @@ FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "SERVICE_SEARCH_DIR", "SERVICE_STORAGE_P
 EXCLUDES = [".git", "mlflow.db", "mlartifacts", "mlruns", "ray_results", ".whl", "**/__pycache__",
             ".mypy_cache", ".ruff_cache", ".pytest_cache", "benchmarks/results"]  # fmt: skip
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# The head's job API answers 500 with this text when no job agent has registered within its own 10 s
+# wait (ray/dashboard/modules/job/job_head.py, WAIT_AVAILABLE_AGENT_TIMEOUT): a head that has just
+# started, or a busy one. It is Ray's "please try again later", so submit_job does, for a minute.
+NO_AGENT_YET = "No available agent to submit job"
+AGENT_WAIT_S = 60.0
+AGENT_RETRY_INTERVAL_S = 2.0
 
 
 @dataclass
@@ -130,13 +136,18 @@ def submit_job(
     env_vars = job_env(env)
     check_reachable(address)
     runtime_env = {"working_dir": str(root), "excludes": EXCLUDES, "env_vars": env_vars}
-    try:
-        client = client_for(address, token)
-        job_id = client.submit_job(entrypoint=shlex.join(entrypoint), runtime_env=runtime_env)
-    except Exception as err:  # Ray raises RuntimeError / requests errors with multi-line texts
-        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise SpecError("--address", f"the job API at {address} refused the job: {first}") from None
-    return Job(address, job_id, client)
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            client = client_for(address, token)
+            job_id = client.submit_job(entrypoint=shlex.join(entrypoint), runtime_env=runtime_env)
+            return Job(address, job_id, client)
+        except Exception as err:  # Ray raises RuntimeError / requests errors with multi-line texts
+            first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            if NO_AGENT_YET in first and time.monotonic() < deadline:
+                time.sleep(AGENT_RETRY_INTERVAL_S)
+                continue
+            raise SpecError("--address", f"the job API at {address} refused the job: {first}") from None
 
 
 def wait_for_job(

@@ -26,6 +26,7 @@ from manifest_checks import ROOT
 
 from service.cluster.jobs import EXCLUDES, Job, client_for, submit_job, wait_for_job
 from service.planner import Planner
+from service.spec.errors import SpecError
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +127,46 @@ def test_unreachable_cluster_fails_fast_in_one_line():
     assert proc.returncode == 2 and time.monotonic() - started < 30
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --address: no Ray job API at http://127.0.0.1:")
+
+
+class _BusyHead:
+    """A job client whose head answers Ray's 'no agent yet' 500 `busy` times, then takes the job."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy, self.calls = busy, 0
+
+    def submit_job(self, entrypoint: str, runtime_env: dict) -> str:
+        self.calls += 1
+        if self.calls <= self.busy:
+            raise RuntimeError(
+                "Request failed with status code 500: "
+                "No available agent to submit job, please try again later."
+            )
+        return "raysubmit_1"
+
+
+def _submit_to(head: _BusyHead, monkeypatch) -> Job:
+    from service.cluster import jobs
+
+    monkeypatch.setattr(jobs, "check_reachable", lambda address: None)
+    monkeypatch.setattr(jobs, "client_for", lambda address, token=None: head)
+    monkeypatch.setattr(jobs, "AGENT_RETRY_INTERVAL_S", 0.01)
+    entry = ["python", "-m", "service", "plan", "experiments/llama2-13b-32xh100.yaml"]
+    return submit_job("http://127.0.0.1:8265", entry, working_dir=ROOT)
+
+
+def test_a_head_without_a_job_agent_yet_is_asked_again(monkeypatch):
+    head = _BusyHead(busy=3)
+    assert _submit_to(head, monkeypatch).job_id == "raysubmit_1" and head.calls == 4
+
+
+def test_a_head_that_never_gets_an_agent_fails_in_one_line(monkeypatch):
+    from service.cluster import jobs
+
+    monkeypatch.setattr(jobs, "AGENT_WAIT_S", 0.1)
+    head = _BusyHead(busy=10**6)
+    with pytest.raises(
+        SpecError, match=r"--address: the job API at .* refused the job: .*No available agent"
+    ):
+        _submit_to(head, monkeypatch)
+    assert 1 < head.calls < 10**6
