@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +94,7 @@ def test_worker_trains_without_importing_deepspeeds_muon(tmp_path, zero_stage):
     """DeepSpeed's ZeRO optimizers import its Muon modules (and through them torch._inductor, ~1.4 s of
     CPU) on every engine and gradient flattening; the worker's stand-ins answer "not Muon" without it,
     the plan still trains, and the stand-in refuses to be used as an optimizer."""
+    from service.tracking.server import free_port
     from service.train.trainer import worker_config
 
     experiment = load_experiment(ROOT / "experiments/tiny-cpu.yaml")
@@ -102,9 +102,8 @@ def test_worker_trains_without_importing_deepspeeds_muon(tmp_path, zero_stage):
     cfg = worker_config(experiment, plan, run_dir=str(tmp_path), steps=3, checkpoint_every=0, predicted={})
     (tmp_path / "config.json").write_text(cfg.model_dump_json())
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    with socket.socket() as sock:  # a free port: the other xdist stream may run gloo groups too
-        sock.bind(("127.0.0.1", 0))
-        env |= {"MASTER_PORT": str(sock.getsockname()[1]), "OMP_NUM_THREADS": "1"}
+    # A free port: the other xdist stream may run gloo groups too.
+    env |= {"MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", WORKER_WITHOUT_MUON, str(tmp_path / "config.json")],
         capture_output=True,
