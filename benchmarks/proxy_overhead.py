@@ -10,12 +10,12 @@ of the last step, read from rank 0's step log, so it includes everything a step 
 launcher (Ray's per-step `ray.train.report`, a barrier through Ray, included). The in-loop step time the
 worker reports (compute only) is given too.
 
-    python benchmarks/proxy_overhead.py  # --steps 24 --repeats 5 --out benchmarks/results/proxy_overhead.json
+    python benchmarks/proxy_overhead.py  # --steps 48 --repeats 9 --out benchmarks/results/proxy_overhead.json
 
 The first Ray trial of the session is reported apart ("cold"); then warm Ray trials and torchrun runs
 alternate `--repeats` times, and the overhead is the median of the pairs' ratios (the machine is shared
-and noisy: a single pair can be off by 50 % either way; five pairs of 24 steps, about 3 minutes, because
-three pairs of 12 steps gave medians from 6 % to 18 % on the same day).
+and noisy: a single pair can be off by 25 % either way; nine pairs of 48 steps, about 6 minutes, because
+five pairs of 24 steps gave medians from 1.4 % to 17.5 % on one day).
 
 Goals (issue 11): ≤ 15 s submit → first step on CPU, ≤ 5 % throughput overhead against torchrun.
 """
@@ -110,9 +110,9 @@ def torchrun_trial(experiment, steps: int, storage: str, name: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default=str(ROOT / "experiments/tiny-cpu.yaml"))
-    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5, help="warm Ray / torchrun pairs, interleaved")
+    parser.add_argument("--repeats", type=int, default=9, help="warm Ray / torchrun pairs, interleaved")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/proxy_overhead.json"))
     args = parser.parse_args()
     experiment = load_experiment(args.experiment)
