@@ -28,7 +28,6 @@ from service.plans.enumerate import (
     outside_space,
 )
 from service.plans.select import GIB, STATUSES, Selection, select_plan
-from service.plans.table import PRECISION_CODES, PlanTable
 from service.spec import (
     Budget,
     ClusterSpec,
@@ -43,6 +42,7 @@ from service.spec import (
 )
 from service.spec.params import ModelParams, load_params
 from service.spec.plan import Engine, Precision
+from service.spec.plan_table import PRECISION_CODES, PlanTable
 
 
 class RankedPlan(BaseModel):

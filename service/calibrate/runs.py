@@ -19,10 +19,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.catalog import load_gpu, load_model
-from service.plans.table import PlanTable
 from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workload, plan_problem
 from service.spec.errors import validate_as
 from service.spec.plan import Engine
+from service.spec.plan_table import PlanTable
 
 FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7"]
 

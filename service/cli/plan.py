@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _with_engines(path: str, engines: str) -> Any:
     """The experiment at `path` with its `engines` replaced; an unknown engine is a one-line error."""
-    from service.plans.table import ENGINE_CODES
     from service.spec import SpecError, load_experiment
+    from service.spec.plan_table import ENGINE_CODES
 
     names = [e.strip() for e in engines.split(",") if e.strip()]
     unknown = [e for e in names if e not in ENGINE_CODES]

@@ -27,10 +27,10 @@ import numpy as np
 
 from service.costmodel import comm
 from service.costmodel.types import Num
-from service.plans.table import ENGINE_CODES
 from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
+from service.spec.plan_table import ENGINE_CODES
 
 RING = np.array([engine_rules(e).context_parallel.style == "ring" for e in ENGINE_CODES])
 

@@ -11,9 +11,9 @@ from service.costmodel import comm, compute
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel.types import Num
-from service.plans.table import PlanTable, engine_table
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
+from service.spec.plan_table import PlanTable, engine_table
 from service.spec.zero import ZeroKnobs
 
 

@@ -13,11 +13,11 @@ from service.costmodel import memory as mem
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
 from service.costmodel.types import Num
-from service.plans.table import PlanTable
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
 from service.spec.plan import Plan
+from service.spec.plan_table import PlanTable
 from service.spec.workload import Workload
 
 GIB = 2**30

@@ -29,8 +29,8 @@ import numpy as np
 
 from service.costmodel import comm
 from service.costmodel.types import Num
-from service.plans.table import PlanTable
 from service.spec.hardware import GPUSpec
+from service.spec.plan_table import PlanTable
 
 QWZ_BYTES_RATIO = 0.5  # int8 over 16-bit weights (ZeRO++ §3.1)
 QGZ_BYTES_RATIO = 0.25  # int4 over 16-bit gradients (ZeRO++ §3.3)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from service.costmodel.types import Num
-from service.plans.table import engine_table
 from service.spec.model import ModelSpec
+from service.spec.plan_table import engine_table
 from service.spec.zero import ZeroKnobs
 
 FP32, BF16_FP16 = 4, 2

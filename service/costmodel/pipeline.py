@@ -7,8 +7,8 @@ import numpy as np
 
 from service.costmodel import comm
 from service.costmodel.types import Num
-from service.plans.table import PlanTable
 from service.spec.hardware import ClusterSpec, GPUSpec
+from service.spec.plan_table import PlanTable
 
 
 def pp_comm_per_micro_batch_s(

@@ -14,8 +14,8 @@ import numpy as np
 
 from service.costmodel import comm
 from service.costmodel.types import Num
-from service.plans.table import PlanTable
 from service.spec.model import ModelSpec
+from service.spec.plan_table import PlanTable
 
 
 def tp_comm_per_micro_batch_s(

@@ -1,4 +1,5 @@
-"""Plans in bulk: enumeration of every valid plan, the vectorised table, selection under a budget."""
+"""Plans in bulk: enumeration of every valid plan and selection under a budget (the vectorised
+`PlanTable` they work on is spec's: service/spec/plan_table.py)."""
 
 from service.plans.enumerate import (
     INVALID_REASONS,
@@ -8,7 +9,7 @@ from service.plans.enumerate import (
     problem_codes,
 )
 from service.plans.select import STATUSES, Selection, select_plan
-from service.plans.table import PlanTable
+from service.spec.plan_table import PlanTable
 
 __all__ = [
     "INVALID_REASONS",

@@ -28,11 +28,11 @@ from service.plans.rules import (  # noqa: F401  (re-exported: the rule codes be
     problem_codes,
     reason_code,
 )
-from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable, concat
 from service.spec.engine import engine_rules
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.plan import Engine, Plan, Precision
+from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, PlanTable, concat
 from service.spec.workload import Workload
 
 DEFAULT_MAX_MICRO_BATCH = 64

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.plans.table import ENGINE_CODES, PRECISION_CODES, PlanTable
 from service.spec.engine import engine_rules
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
+from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, PlanTable
 from service.spec.workload import Workload
 
 # Why a candidate cannot run, in the order `plan_problem` checks its rules (code = index; 0 = valid).

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.costmodel.result import EstimateTable
-from service.plans.table import PlanTable
+from service.spec.plan_table import PlanTable
 from service.spec.workload import Budget
 
 STATUSES: tuple[str, ...] = (

@@ -72,7 +72,7 @@ class ExperimentSpec(BaseModel):
     @classmethod
     def _resolve_model(cls, value: Any) -> Any:
         if isinstance(value, str):
-            from service.catalog import load_model
+            from service.spec.entries import load_model
 
             return load_model(value)
         return value

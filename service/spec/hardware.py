@@ -89,7 +89,7 @@ class ClusterSpec(BaseModel):
     @classmethod
     def _resolve_gpu(cls, value: Any) -> Any:
         if isinstance(value, str):
-            from service.catalog import load_gpu
+            from service.spec.entries import load_gpu
 
             return load_gpu(value)
         return value

@@ -7,9 +7,9 @@ import pytest
 from service.catalog import load_gpu, load_model
 from service.costmodel import comm, estimate
 from service.costmodel import hierarchical_zero as hz
-from service.plans.table import PlanTable
 from service.spec import ClusterSpec, Plan, Workload, plan_problem
 from service.spec.params import ModelParams
+from service.spec.plan_table import PlanTable
 from service.spec.zero import hierarchical_zero_config
 
 H100 = load_gpu("h100-sxm-80gb")

@@ -10,10 +10,10 @@ import pytest
 from service.catalog import load_gpu, load_model
 from service.costmodel import comm, estimate
 from service.costmodel import memory as mem
-from service.plans.table import PRECISION_CODES
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import ModelParams
 from service.spec.plan import check_plan
+from service.spec.plan_table import PRECISION_CODES
 
 PRIOR = ModelParams()
 LLAMA70 = load_model("llama3-70b")
@@ -168,7 +168,7 @@ def test_interleaved_chunks_reduce_and_gather_behind_the_other_chunks_compute():
     min(reduce, gather) ≥ c ≥ (reduce + gather)/pp, v = 1 exposes (reduce − c) + (gather − c) and v
     chunks expose exactly 1/v of that."""
     from service.costmodel import data_parallel
-    from service.plans.table import PlanTable
+    from service.spec.plan_table import PlanTable
 
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
     base = dict(dp=8, tp=8, pp=8, zero_stage=1, grad_accum=16, engine="megatron")

@@ -156,7 +156,7 @@ def test_interleaved_schedule_cuts_the_bubble_by_its_virtual_stages():
     """Narayanan et al. 2021 §2.2.2: v chunks per stage → bubble (pp − 1)/v slots, v× the p2p messages.
     DeepSpeed cannot run it (`Plan` rejects it), so it is scored on a `PlanTable`, as Megatron runs are."""
     from service.costmodel import estimate_table
-    from service.plans.table import PlanTable
+    from service.spec.plan_table import PlanTable
 
     def table(v: int) -> PlanTable:
         cols = dict(dp=2, tp=2, pp=8, zero_stage=0, micro_batch=1, grad_accum=32, recompute=2, precision=0)
@@ -177,7 +177,7 @@ def test_pipeline_sends_split_over_tensor_parallel_ranks_where_the_engine_does()
     1/tp of it with sequence parallelism (the rank's sequence chunk) or from Megatron-LM, which also
     all-gathers the chunks over NVLink when SP is off (Narayanan et al. 2021, §4.1)."""
     from service.costmodel import estimate_table
-    from service.plans.table import ENGINE_CODES, PlanTable
+    from service.spec.plan_table import ENGINE_CODES, PlanTable
 
     def pp_comm(engine: str, sp: bool) -> float:
         cols = dict(dp=1, tp=8, pp=4, zero_stage=1, micro_batch=1, grad_accum=16, recompute=2, precision=0)

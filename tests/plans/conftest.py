@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from service.costmodel.result import EstimateTable
-from service.plans.table import PlanTable
+from service.spec.plan_table import PlanTable
 
 GIB = 1024**3
 

@@ -21,8 +21,8 @@ from service.plans.enumerate import (
     reason_code,
     zero_variants,
 )
-from service.plans.table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable, concat
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, check_plan, plan_problem
+from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable, concat
 
 TINY = ModelSpec(
     name="tiny", num_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
