@@ -139,24 +139,13 @@ def _flag_error(flag: str, err: Exception) -> Exception:
     return SpecError(flag, message) if not getattr(err, "source", None) else err
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _allowed(field: str, values: dict[str, Any], model: Any, cluster: Any) -> str:
+    """The values of `field` that would pass, other flags unchanged ('' when not a layout field)."""
+    from service.spec.plan import Plan, allowed_values
 
-
-def _allowed(field: str, model: Any, cluster: Any, args: argparse.Namespace) -> str:
-    """The values of `field` that would pass, other flags unchanged ('' when not a number choice)."""
-    n = cluster.num_gpus
-    if field == "tp":
-        ok = [
-            t
-            for t in _divisors(cluster.gpus_per_node)
-            if model.num_attention_heads % t == 0 and model.kv_heads % t == 0
-        ]
-        ok = [t for t in ok if n % (t * args.pp * args.cp) == 0]
-    elif field == "pp":
-        ok = [p for p in _divisors(model.num_layers) if n % (p * args.tp * args.cp) == 0]
-    else:
+    if field not in ("tp", "pp", "cp"):
         return ""
+    ok = allowed_values(field, Plan.model_construct(**values), model, cluster)
     return f"; allowed {FLAGS[field]} for this model and cluster: {', '.join(map(str, ok)) or 'none'}"
 
 
@@ -180,12 +169,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         if args.price_per_gpu_hour < 0:
             raise SpecError("--price-per-gpu-hour", f"must be 0 or more, got {args.price_per_gpu_hour}")
         cluster = cluster.model_copy(update={"price_per_gpu_hour_usd": args.price_per_gpu_hour})
-    if args.gpus % (args.tp * args.pp * args.cp):
-        field = "pp" if args.gpus % args.pp else "cp" if args.gpus % args.cp else "tp"
-        message = f"tp·pp·cp = {args.tp * args.pp * args.cp} does not divide --gpus {args.gpus}"
-        raise SpecError(FLAGS[field], message + _allowed(field, model, cluster, args))
     values = dict(
-        dp=args.gpus // (args.tp * args.pp * args.cp), tp=args.tp, pp=args.pp, cp=args.cp,
+        dp=max(1, args.gpus // (args.tp * args.pp * args.cp)), tp=args.tp, pp=args.pp, cp=args.cp,
         zero_stage=args.zero,
         offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
         micro_batch=args.micro_batch, grad_accum=args.grad_accum, recompute=args.recompute,
@@ -196,6 +181,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         zero_quantized_gradients=args.zero_quantized_gradients,
         comm_overlap=args.comm_overlap, tp_comm_overlap=args.tp_comm_overlap,
     )  # fmt: skip
+    if args.gpus % (args.tp * args.pp * args.cp):
+        field = "pp" if args.gpus % args.pp else "cp" if args.gpus % args.cp else "tp"
+        message = f"tp·pp·cp = {args.tp * args.pp * args.cp} does not divide --gpus {args.gpus}"
+        raise SpecError(FLAGS[field], message + _allowed(field, values, model, cluster))
     if args.shard_group_size < 0:
         raise SpecError("--shard-group-size", f"must be 0 (off) or more, got {args.shard_group_size}")
     if not 0 <= args.headroom < 1:
@@ -212,7 +201,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
     if problem:
         field, message = problem
-        raise SpecError(FLAGS.get(field, field), message + _allowed(field, model, cluster, args))
+        raise SpecError(FLAGS.get(field, field), message + _allowed(field, values, model, cluster))
     return model, cluster, Plan(**values), workload
 
 

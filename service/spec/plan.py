@@ -286,6 +286,34 @@ def plan_problem(
     return None
 
 
+# The field a plan_problem answer blames, counted as the layout field's own fault when listing what that
+# field could be instead: a width that does not divide the cluster shows up as dp's sum, too many
+# pipeline chunks as virtual_stages.
+_LAYOUT_BLAME = {"tp": {"tp", "dp"}, "pp": {"pp", "dp", "virtual_stages"}, "cp": {"cp", "dp"}}
+
+
+def allowed_values(field: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[int]:
+    """The values of layout field `field` (tp, pp or cp) that `plan_problem` accepts for `plan`, its
+    other fields unchanged and dp refilled to the cluster's GPUs: what an error can offer instead.
+
+    A value is kept when the plan passes or fails only on another field (micro-batch, ZeRO stage, ...),
+    so the list answers "which tp would do", not "which whole plan would"."""
+    if field not in _LAYOUT_BLAME:
+        raise ValueError(f"allowed_values: field must be one of {sorted(_LAYOUT_BLAME)}, got {field!r}")
+    limit = {"tp": cluster.gpus_per_node, "pp": model.num_layers, "cp": cluster.num_gpus}[field]
+    ok = []
+    for value in range(1, limit + 1):
+        values = {**plan.model_dump(), field: value}
+        width = values["tp"] * values["pp"] * values["cp"]
+        if cluster.num_gpus % width:
+            continue
+        values["dp"] = cluster.num_gpus // width
+        problem = plan_problem(Plan.model_construct(**values), model, cluster)
+        if problem is None or problem[0] not in _LAYOUT_BLAME[field]:
+            ok.append(value)
+    return ok
+
+
 def check_plan(
     plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
 ) -> Plan:

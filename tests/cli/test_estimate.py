@@ -76,7 +76,7 @@ def test_estimate_table_output(capsys):
     [
         (["--tp", "3"], ["--tp", "allowed --tp for this model and cluster: 1, 2, 4, 8"]),
         (["--tp", "16"], ["--tp", "does not divide num_attention_heads 40", "allowed --tp"]),
-        (["--pp", "3"], ["--pp", "allowed --pp"]),
+        (["--pp", "3"], ["--pp", "allowed --pp for this model and cluster: 1, 2, 4, 8, 16, 32"]),
         (["--gpus", "12"], ["--gpus", "not a whole number of nodes", "allowed: a multiple of 8"]),
         (["--gpu", "h900"], ["--gpu", "unknown GPU 'h900'", "allowed: a100-sxm-40gb"]),
         (["--model", "llama9"], ["--model", "unknown model 'llama9'", "allowed: gpt3-175b"]),
