@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -89,6 +90,18 @@ class CrossValidation:
         ]
         return float(np.mean(inside))
 
+    def summary(self) -> dict[str, Any]:
+        """What `calibrate --json` prints under `crossval`."""
+        return {
+            "method": "leave-one-source-out",
+            "mape": self.mape,
+            "coverage_80": self.coverage,
+            "per_source": {
+                s: {"n": v.n, "mape": v.mape, "bias_log": v.bias_log, "coverage_80": v.coverage}
+                for s, v in self.per_source.items()
+            },
+        }
+
     def residuals(self, prior: ModelParams) -> Residuals:
         ids = list(self.log_residuals)
         return residuals_summary(
@@ -152,13 +165,20 @@ def calibrate(
     names: Sequence[str] = PUBLISHED_FIT_PARAMS,
     name: str = "fitted",
     note: str = "",
-) -> tuple[ModelParams, CrossValidation]:
+    crossval: bool = True,
+) -> tuple[ModelParams, CrossValidation | None]:
     """The full procedure: cross-validate, then fit on every run; the shipped set carries the
-    cross-validated residuals (its intervals) and the domain of all runs."""
+    cross-validated residuals (its intervals) and the domain of all runs.
+
+    Without cross-validation (`crossval=False`, or runs from a single source: nothing to leave out) it
+    is the fit alone, with no residuals, so its estimates carry no interval; the second item is None."""
     prior = prior or ModelParams()
+    used = [r for r in runs if r.tokens_per_s_per_gpu]
+    if not crossval or len({r.source for r in used}) < 2:
+        params = fit(runs, prior, names, name=name).params
+        return params.model_copy(update={"domain": domain_of(used or runs), "note": note}), None
     cv = leave_one_source_out(runs, prior, names)
     final = fit(runs, prior, names, name=name).params
-    used = [r for r in runs if r.tokens_per_s_per_gpu]
     params = final.model_copy(
         update={
             "residuals": cv.residuals(prior),
@@ -168,3 +188,17 @@ def calibrate(
         }
     )
     return params, cv
+
+
+def calibration_report(params: ModelParams, cv: CrossValidation | None) -> dict[str, Any]:
+    """What `calibrate --json` prints: the set, its fitted values with their bands, which sit at a
+    bound, the domain it saw and, when it was run, the cross-validation."""
+    out: dict[str, Any] = {
+        "params": params.summary(),
+        "values": {k: b.model_dump() for k, b in params.values.items()},
+        "at_bounds": params.at_bounds(),
+        "domain": params.domain.model_dump(),
+    }
+    if cv is not None:
+        out["crossval"] = cv.summary()
+    return out

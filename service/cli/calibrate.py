@@ -35,26 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--json", action="store_true", help="Print JSON instead of a report.")
 
 
-def _report(params: Any, cv: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "params": params.summary(),
-        "values": {k: b.model_dump() for k, b in params.values.items()},
-        "at_bounds": params.at_bounds(),
-        "domain": params.domain.model_dump(),
-    }
-    if cv is not None:
-        out["crossval"] = {
-            "method": "leave-one-source-out",
-            "mape": cv.mape,
-            "coverage_80": cv.coverage,
-            "per_source": {
-                s: {"n": v.n, "mape": v.mape, "bias_log": v.bias_log, "coverage_80": v.coverage}
-                for s, v in cv.per_source.items()
-            },
-        }
-    return out
-
-
 def render(report: dict[str, Any]) -> str:
     lines = [f"parameter set {report['params']['name']!r}, fit on {report['params']['fit_runs']} runs"]
     lines.append(f"{'parameter':28s} {'value':>9s}  band")
@@ -92,23 +72,17 @@ def _names(text: str | None) -> tuple[str, ...]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from service.calibrate import fit, load_runs
-    from service.calibrate.crossval import calibrate, domain_of
+    from service.calibrate import load_runs
+    from service.calibrate.crossval import calibrate, calibration_report
     from service.calibrate.runs import with_profiles
     from service.spec.params import ModelParams, load_params, save_params
 
     runs = with_profiles(load_runs(args.runs), args.profile)
     prior = load_params(args.prior) if args.prior else ModelParams()
-    names = _names(args.fit)
-    name = args.name or Path(args.runs).stem
     note = f"fit by `python -m service calibrate {args.runs}`"
-    if args.no_crossval or len({r.source for r in runs}) < 2:
-        params = fit(runs, prior, names, name=name).params
-        params = params.model_copy(update={"domain": domain_of(runs), "note": note})
-        cv = None
-    else:
-        params, cv = calibrate(runs, prior, names, name=name, note=note)
-    report = _report(params, cv)
+    name = args.name or Path(args.runs).stem
+    params, cv = calibrate(runs, prior, _names(args.fit), name=name, note=note, crossval=not args.no_crossval)
+    report = calibration_report(params, cv)
     if args.out:
         report["written"] = str(save_params(params, args.out))
     print(json.dumps(report, indent=2) if args.json else render(report))

@@ -59,3 +59,16 @@ def test_weighted_quantile_gives_each_source_equal_weight():
     # half of the weight, so the percentile moves up to it.
     assert weighted_quantile(values, equal, 0.9) == pytest.approx(0.5)
     assert weighted_quantile(values, by_source, 0.9) == pytest.approx(1.0)
+
+
+def test_one_source_or_no_crossval_is_the_fit_alone_without_an_interval(truth):
+    runs = synthetic_runs(truth, per_source=4, noise=0.03)
+    one_source = [r for r in runs if r.source == "source0"]
+    params, cv = calibrate(one_source, ModelParams(), NAMES)
+    assert cv is None and not params.has_interval and params.fit_runs == 4
+    asked, cv = calibrate(runs, ModelParams(), NAMES, crossval=False)
+    assert cv is None and not asked.has_interval and asked.fit_runs == 12
+    full, cv = calibrate(runs, ModelParams(), NAMES)
+    assert cv is not None and full.has_interval
+    # the fit is the same either way; only the residuals (the interval) come from cross-validation
+    assert asked["gemm_efficiency_scale"] == pytest.approx(full["gemm_efficiency_scale"])
