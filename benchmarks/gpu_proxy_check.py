@@ -98,8 +98,9 @@ def run_one(experiment, plan, steps: int) -> dict:
 
     run_dir = tempfile.mkdtemp(prefix="gpu-proxy-")
     predicted = predict_proxy(experiment, plan)
+    reported = predicted.prefixed("predicted_")  # the names the worker reports them under
     cfg = worker_config(
-        experiment, plan, run_dir=run_dir, steps=steps, checkpoint_every=0, predicted=predicted
+        experiment, plan, run_dir=run_dir, steps=steps, checkpoint_every=0, predicted=reported
     )
     reports: list[dict] = []
     t0 = time.time()
@@ -110,7 +111,7 @@ def run_one(experiment, plan, steps: int) -> dict:
     last = reports[-1]
     measured = {k.removeprefix("measured_"): v for k, v in last.items() if k.startswith("measured_")}
     measured.update(step_time_s=last["step_time_s"], tokens_per_s=last["tokens_per_s"])
-    pred = {k.removeprefix("predicted_"): v for k, v in predicted.items()}
+    pred = predicted.as_dict()
     ratios = {
         k: measured[k] / pred[k]
         for k in (

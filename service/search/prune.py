@@ -65,11 +65,11 @@ class PruneResult:
 
 
 def proxy_prediction(experiment: ExperimentSpec, plan: Plan) -> Metrics:
-    """The cost model's numbers for `plan` at proxy scale (`predict_proxy`'s `predicted_x` keys,
-    converted here, once); raises what the model raises."""
+    """The cost model's numbers for `plan` at proxy scale (`predict_proxy`); raises what the model
+    raises."""
     from service.train.proxy_scale import predict_proxy
 
-    return Metrics.from_prefixed(predict_proxy(experiment, plan), PREDICTED)
+    return predict_proxy(experiment, plan)
 
 
 def _or_nan(value: float | None) -> float:

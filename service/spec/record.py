@@ -5,7 +5,6 @@ never a key carrying a `measured_` / `predicted_` prefix. The prefixes exist onl
 that need flat names, and each is crossed in one place:
 - what a worker reports through `ray.train.report` (flat floats: `measured_x`, `predicted_x` and the
   throughput keys): read once, where the driver receives it, by `Observation.from_report`;
-- what the cost model's proxy prediction returns (`predicted_x`): `Metrics.from_prefixed`;
 - MLflow metric names and table columns (`measured_x`, `predicted_x`, `final_measured_x`), which users
   query and so keep their names: `Metrics.prefixed` / `Observation.flat`.
 

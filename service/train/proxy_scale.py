@@ -15,16 +15,18 @@ from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, default_bands, load_params
 from service.spec.plan import Plan, plan_problem
+from service.spec.record import Metrics
 from service.spec.workload import Workload
 from service.train.ds_config import PROXY_OVERLAP_COMM, proxy_precision
 
-PREDICTED_KEYS = (
-    "predicted_tokens_per_s",
-    "predicted_step_time_s",
-    "predicted_model_state_bytes_per_rank",
-    "predicted_activation_bytes_per_rank",
-    "predicted_peak_memory_bytes_per_rank",
-    "predicted_fits",
+# What `predict_proxy` answers: the worker's measured quantities of the same names, and whether it fits.
+PREDICTED_QUANTITIES = (
+    "tokens_per_s",
+    "step_time_s",
+    "model_state_bytes_per_rank",
+    "activation_bytes_per_rank",
+    "peak_memory_bytes_per_rank",
+    "fits",
 )
 
 
@@ -124,7 +126,7 @@ def _shipped_proxy_params() -> ModelParams:
     return proxy_params(load_params())
 
 
-def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
+def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> Metrics:
     """The cost model's answer for the proxy run of `plan`, per rank: the busiest one (with a pipeline, the
     first or the last stage, whichever holds more), which is what the worker reports as measured.
 
@@ -144,11 +146,11 @@ def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
         params=proxy_params(),
     )
     mem = est.memory_per_gpu_bytes
-    return {
-        "predicted_tokens_per_s": est.tokens_per_s,
-        "predicted_step_time_s": est.step_time_s,
-        "predicted_model_state_bytes_per_rank": mem.params + mem.grads + mem.optimizer + mem.cpu_offload,
-        "predicted_activation_bytes_per_rank": mem.activations + mem.logits,
-        "predicted_peak_memory_bytes_per_rank": mem.total,
-        "predicted_fits": float(est.fits),
-    }
+    return Metrics(
+        tokens_per_s=est.tokens_per_s,
+        step_time_s=est.step_time_s,
+        model_state_bytes_per_rank=mem.params + mem.grads + mem.optimizer + mem.cpu_offload,
+        activation_bytes_per_rank=mem.activations + mem.logits,
+        peak_memory_bytes_per_rank=mem.total,
+        fits=float(est.fits),
+    )

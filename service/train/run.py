@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
-from service.spec.record import PREDICTED, Metrics, Observation
+from service.spec.record import Metrics, Observation
 from service.train.ds_config import deepspeed_config
 from service.train.proxy_scale import predict_proxy, proxy_model, proxy_plan, proxy_plan_problem
 from service.train.ray_session import ensure_ray
@@ -149,7 +149,7 @@ def run_proxy(
         return ProxyResult.invalid(problem, plan)
     ds_config = deepspeed_config(proxy_plan(experiment, plan), experiment.proxy, proxy_model(experiment))
     try:
-        predicted = Metrics.from_prefixed(predict_proxy(experiment, plan), PREDICTED)
+        predicted = predict_proxy(experiment, plan)
     except Exception as err:  # the measurement still has value without the model's side
         predicted = Metrics()
         base = base.model_copy(update={"reason": f"no prediction: {type(err).__name__}: {err}"})

@@ -23,6 +23,7 @@ from typing import Any
 
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
+from service.spec.record import PREDICTED
 from service.train.proxy_scale import predict_proxy, proxy_model, proxy_plan, proxy_seq_len
 from service.train.worker import WorkerConfig, train_loop_per_worker
 
@@ -55,13 +56,14 @@ def worker_config(
 
 
 def _prediction_or_empty(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
-    """The cost model's numbers; NaN for each when it cannot predict this plan (the run still goes on)."""
+    """The cost model's numbers under the names the worker reports them (`predicted_x`: the Ray
+    boundary); NaN for each when it cannot predict this plan (the run still goes on)."""
     try:
-        return predict_proxy(experiment, plan)
+        return predict_proxy(experiment, plan).prefixed(PREDICTED)
     except Exception:  # a prediction is a side-by-side, never a reason to skip a measurement
-        from service.train.proxy_scale import PREDICTED_KEYS
+        from service.train.proxy_scale import PREDICTED_QUANTITIES
 
-        return dict.fromkeys(PREDICTED_KEYS, math.nan)
+        return {PREDICTED + q: math.nan for q in PREDICTED_QUANTITIES}
 
 
 # Ray Train V2's controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s) and

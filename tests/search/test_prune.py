@@ -67,7 +67,7 @@ def test_candidates_are_in_predicted_order_and_unguided_keeps_space_order(tiny) 
     values = [c.predicted_value for c in guided.candidates]
     assert values == sorted(values, reverse=True) and len(values) == 16
     for c in guided.candidates[:3]:  # the prediction stored is the cost model's, not a copy of something else
-        assert c.predicted.prefixed("predicted_") == pytest.approx(predict_proxy(tiny, c.plan))
+        assert c.predicted.as_dict() == pytest.approx(predict_proxy(tiny, c.plan).as_dict())
     plain = prune_space(tiny, space, guided=False)
     assert {c.key for c in plain.candidates} == {c.key for c in guided.candidates}
     keys_in_space_order = [c.key for c in plain.candidates]

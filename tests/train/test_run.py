@@ -9,7 +9,7 @@ import pytest
 
 from service.spec import Plan, load_experiment
 from service.train.proxy_scale import (
-    PREDICTED_KEYS,
+    PREDICTED_QUANTITIES,
     predict_proxy,
     proxy_cluster,
     proxy_model,
@@ -86,11 +86,11 @@ def test_proxy_scale_keeps_the_plan_shape(tiny):
 
 def test_prediction_has_every_key_and_sane_values(tiny):
     got = predict_proxy(tiny, Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2))
-    assert set(got) == set(PREDICTED_KEYS)
-    assert all(math.isfinite(v) for v in got.values())
-    assert got["predicted_model_state_bytes_per_rank"] > 0 and got["predicted_fits"] == 1.0
+    assert set(got) == set(PREDICTED_QUANTITIES)
+    assert all(math.isfinite(v) for _, v in got.items())
+    assert got.model_state_bytes_per_rank > 0 and got.fits == 1.0
     # fp32 on CPU: at least 4 bytes of weights per parameter on every rank under ZeRO-1
-    assert got["predicted_model_state_bytes_per_rank"] >= 4 * proxy_model(tiny).num_params
+    assert got["model_state_bytes_per_rank"] >= 4 * proxy_model(tiny).num_params
 
 
 def test_proxies_are_timed_without_the_published_frameworks_overheads(tiny):
@@ -107,5 +107,5 @@ def test_proxies_are_timed_without_the_published_frameworks_overheads(tiny):
     plan = Plan(dp=2, zero_stage=0, micro_batch=4)
     args = (proxy_model(tiny), proxy_cluster(tiny, 2), proxy_plan(tiny, plan), proxy_workload(tiny, plan))
     with_overhead = estimate(*args, params=shipped).step_time_s
-    got = predict_proxy(tiny, plan)["predicted_step_time_s"]
+    got = predict_proxy(tiny, plan).step_time_s
     assert got == pytest.approx(with_overhead - shipped["step_overhead_s"] - shipped["microstep_overhead_s"])
