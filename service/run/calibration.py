@@ -18,6 +18,7 @@ e_state·model state). Throughput intervals are the cost model's own (`ModelPara
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,7 @@ def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> Me
     )
 
 
-def measured_runs(exp: ExperimentSpec, trials: list[TrialRecord], source: str) -> list[Any]:
+def measured_runs(exp: ExperimentSpec, trials: Sequence[TrialRecord], source: str) -> list[Any]:
     """`MeasuredRun`s of the proxies that ran all their steps.
 
     The proxy's meter counts every tensor autograd saves, the loss's logits included; the cost model
@@ -102,7 +103,11 @@ def _fit(runs: list[Any], prior: ModelParams, names: tuple[str, ...]) -> ModelPa
 
 
 def calibrate(
-    exp: ExperimentSpec, trials: list[TrialRecord], prior: ModelParams, on_production_gpu: bool, source: str
+    exp: ExperimentSpec,
+    trials: Sequence[TrialRecord],
+    prior: ModelParams,
+    on_production_gpu: bool,
+    source: str,
 ) -> tuple[ModelParams, dict[str, Any]]:
     """(calibrated parameters, what was done): memory always, time only on the production GPU type."""
     try:
@@ -142,7 +147,7 @@ def calibrate(
 
 
 def leave_one_out(
-    exp: ExperimentSpec, trials: list[TrialRecord], prior: ModelParams, source: str
+    exp: ExperimentSpec, trials: Sequence[TrialRecord], prior: ModelParams, source: str
 ) -> dict[str, Metrics]:
     """trial id → memory predictions from a fit on the other proxies (needs two or more)."""
     try:

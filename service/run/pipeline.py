@@ -16,6 +16,7 @@ command, the memo, and the MLflow parent run.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,7 @@ class Run:
     def _proxy_records(
         self,
         proxy_exp: ExperimentSpec,
-        trials: list[Any],
+        trials: Sequence[Any],
         choices: list[Any],
         prior: ModelParams,
         params: ModelParams | None,

@@ -7,8 +7,9 @@ the table), the pruned plans with their reasons, and the MLflow parent run id.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -109,18 +110,19 @@ class SearchResult:
 
     metric: str
     mode: str
-    trials: list[TrialRecord]
-    pruned: list[PrunedPlan]
+    trials: Sequence[TrialRecord]  # a tuple once built
+    pruned: Sequence[PrunedPlan]  # a tuple once built
     mlflow_run_id: str | None
     path: str
-    tracking: dict[str, Any] = field(default_factory=dict)
+    tracking: Mapping[str, Any] = field(default_factory=dict)  # read-only once built
     stopped_reason: str = ""
 
     def __post_init__(self) -> None:
-        # Own copies: the lists the caller passed in can change without changing this result.
-        object.__setattr__(self, "trials", list(self.trials))
-        object.__setattr__(self, "pruned", list(self.pruned))
-        object.__setattr__(self, "tracking", dict(self.tracking))
+        # Own, read-only copies: the lists the caller passed in can change without changing this result,
+        # and nobody can append to or overwrite what it holds (TrialRecord is frozen too).
+        object.__setattr__(self, "trials", tuple(self.trials))
+        object.__setattr__(self, "pruned", tuple(self.pruned))
+        object.__setattr__(self, "tracking", MappingProxyType(dict(self.tracking)))
 
     @property
     def best(self) -> TrialRecord | None:
@@ -220,6 +222,6 @@ class SearchResult:
             ],
             "mlflow_run_id": self.mlflow_run_id,
             "path": self.path,
-            "tracking": self.tracking,
+            "tracking": dict(self.tracking),
             "stopped_reason": self.stopped_reason,
         }

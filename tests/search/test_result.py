@@ -78,6 +78,21 @@ def test_best_is_the_best_trial_that_ran_every_step() -> None:
     assert data["pruned"][0]["kind"] == "invalid" and data["trials"][3]["status"] == "oom"
 
 
+def test_a_result_cannot_be_changed_once_built() -> None:
+    trials, tracking = [_record("a", "ok", 100.0)], {"uri": "sqlite:///x.db"}
+    result = SearchResult("tokens_per_s", "max", trials, [], None, "/tmp/x", tracking=tracking)
+    trials.append(_record("b", "ok", 900.0))  # the caller's list is not the result's
+    tracking["uri"] = "elsewhere"
+    assert [t.trial_id for t in result] == ["a"] and result.tracking["uri"] == "sqlite:///x.db"
+    with pytest.raises(AttributeError):
+        result.trials.append(_record("c", "ok", 1.0))  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        result.tracking["uri"] = "elsewhere"  # type: ignore[index]
+    with pytest.raises(ValidationError):
+        result.trials[0].status = "failed"  # type: ignore[misc]
+    assert result.to_dict()["tracking"] == {"uri": "sqlite:///x.db"}
+
+
 class _Trainer:
     def __init__(self, behaviour: str):
         self.behaviour = behaviour
