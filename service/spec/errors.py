@@ -7,7 +7,8 @@ prints `str(err)` and exits 2.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import types
+from typing import Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -60,8 +61,48 @@ def from_validation_error(
     return SpecError(field, msg, source)
 
 
+def _kinds(annotation: Any) -> tuple[Any, ...]:
+    """The types an annotation admits: `int | None` → (int, NoneType); list[X] → (list, X)."""
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return tuple(k for a in get_args(annotation) for k in _kinds(a))
+    if origin in (list, tuple, set, frozenset):
+        return (origin, *(k for a in get_args(annotation) for k in _kinds(a)))
+    return (annotation,)
+
+
+def bool_given_for_number(model_cls: type[BaseModel], data: Any) -> str | None:
+    """The dotted path of the first `true`/`false` given where `model_cls` wants a number, else None.
+
+    pydantic's lax mode reads a boolean as 1 or 0 in an int or float field, so `num_nodes: true` in a
+    YAML file would plan for one node without a word; user input is checked for it before validation."""
+    if not isinstance(data, dict):
+        return None
+    for key, value in data.items():
+        field = model_cls.model_fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            continue
+        kinds = _kinds(field.annotation)
+        if isinstance(value, bool) and bool not in kinds and any(k in (int, float) for k in kinds):
+            return key
+        nested = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if nested is None:
+            continue
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            inner = bool_given_for_number(nested, item)
+            if inner is not None:
+                return ".".join(str(p) for p in (key, i, inner) if p is not None)
+    return None
+
+
 def validate_as(model_cls: type[M], data: Any, source: str | None = None, prefix: str = "") -> M:
-    """`model_cls.model_validate(data)`, with errors as a one-line `SpecError`."""
+    """`model_cls.model_validate(data)`, with errors as a one-line `SpecError`; a boolean where a
+    number belongs is one of them (`bool_given_for_number`)."""
+    where = bool_given_for_number(model_cls, data)
+    if where is not None:
+        field = f"{prefix}.{where}" if prefix else where
+        raise SpecError(field, "expected a number, got true/false", source)
     try:
         return model_cls.model_validate(data)
     except ValidationError as err:

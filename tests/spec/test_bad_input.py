@@ -59,6 +59,23 @@ def error_of(path: Path) -> SpecError:
         (lambda d: d.update(engines=["torch"]), "engines.0", "'deepspeed', 'fsdp' or 'megatron'"),
         (lambda d: d.update(engines=[]), "engines", "at least 1 item"),
         (lambda d: d.update(engines=["fsdp", "fsdp"]), "engines", "engines listed twice"),
+        # pydantic alone would read true as 1 (one node) and plan for it without a word
+        (
+            lambda d: d["cluster"].update(num_nodes=True),
+            "cluster.num_nodes",
+            "expected a number, got true/false",
+        ),
+        (
+            lambda d: d["workload"].update(seq_len=True),
+            "workload.seq_len",
+            "expected a number, got true/false",
+        ),
+        (lambda d: d["budget"].update(max_dollars=False), "budget.max_dollars", "expected a number"),
+        (
+            lambda d: d.update(alternatives=[{"cluster": {"gpu": "a100-sxm-80gb", "num_nodes": True}}]),
+            "alternatives.0.cluster.num_nodes",
+            "expected a number, got true/false",
+        ),
     ],
 )
 def test_experiment_errors_name_file_field_and_allowed(tmp_path, edit, field, fragment):
@@ -67,6 +84,11 @@ def test_experiment_errors_name_file_field_and_allowed(tmp_path, edit, field, fr
     assert err.field == field
     assert fragment in err.message
     assert "\n" not in str(err)
+
+
+def test_booleans_stay_welcome_where_a_boolean_belongs(tmp_path):
+    path = experiment_file(tmp_path, lambda d: d["workload"].update(flash_attention=False))
+    assert load_experiment(path).workload.flash_attention is False
 
 
 def test_misspelt_key_is_reported_before_the_missing_field(tmp_path):
