@@ -201,4 +201,8 @@ def calibration_report(params: ModelParams, cv: CrossValidation | None) -> dict[
     }
     if cv is not None:
         out["crossval"] = cv.summary()
+    else:
+        sources = len(params.fit_on)
+        why = "runs from one source, nothing to leave out" if sources < 2 else "not asked for"
+        out["crossval_skipped"] = f"{why}: no out-of-sample residuals, so its estimates carry no interval"
     return out

@@ -80,7 +80,7 @@ class Measurement(BaseModel):
 
     id: str
     source: str
-    ref: str
+    ref: str = Field("", description="Where the number is printed (the published set cites every row).")
     model: str
     gpu: str
     gpu_overrides: dict[str, float] = Field(default_factory=dict)
@@ -129,8 +129,8 @@ class Dataset(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     sources: dict[str, Source]
-    models: dict[str, dict[str, Any]]
-    measurements: list[Measurement]
+    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    measurements: list[Measurement] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _known_sources(self) -> Dataset:
@@ -265,15 +265,21 @@ def _csv_dataset(path: Path) -> dict[str, Any]:
     measurements = []
     for i, raw in enumerate(rows):
         row: dict[str, Any] = {k.strip(): v.strip() for k, v in raw.items() if k and v and v.strip()}
-        measured = {k: float(row.pop(k)) for k in ("tokens_per_s_per_gpu", "step_time_s") if k in row}
+        measured = {}
+        for k in ("tokens_per_s_per_gpu", "step_time_s"):
+            if k in row:
+                try:
+                    measured[k] = float(row.pop(k))
+                except ValueError:
+                    message = f"not a number: {raw[k].strip()!r} (line {i + 2})"
+                    raise SpecError(f"measurements.{i}.{k}", message, str(path)) from None
         for k in CSV_INT_FIELDS:
             if k in row:
                 try:
                     row[k] = int(row[k])
                 except ValueError:
-                    raise SpecError(
-                        f"measurements.{i}.{k}", f"not an integer: {row[k]!r}", str(path)
-                    ) from None
+                    message = f"not an integer: {row[k]!r} (line {i + 2})"
+                    raise SpecError(f"measurements.{i}.{k}", message, str(path)) from None
         for k in ("sequence_parallel", "comm_overlap", "tp_comm_overlap", "approximate"):
             if k in row:
                 row[k] = row[k].lower() in ("1", "true", "yes")

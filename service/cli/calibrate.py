@@ -48,6 +48,8 @@ def render(report: dict[str, Any]) -> str:
         )
         for s, v in cv["per_source"].items():
             lines.append(f"  {s:32s} n={v['n']:3d}  MAPE {v['mape']:6.1%}  coverage {v['coverage_80']:4.0%}")
+    if report.get("crossval_skipped"):
+        lines.append(f"\nleave-one-source-out skipped: {report['crossval_skipped']}")
     lines.append(f"\ninterval: {report['params']['interval']}")
     return "\n".join(lines)
 

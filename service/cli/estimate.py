@@ -232,10 +232,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(est: Any, inputs: dict[str, Any]) -> str:
-    from service.cli.plan import format_table, memory_lines
+    from service.cli.plan import format_table, memory_lines, span
 
     times = est.time_breakdown_s.model_dump()
-    lo, hi = est.tokens_per_s_interval
     fits = "fits" if est.fits else "DOES NOT FIT"
     return "\n".join(
         [
@@ -248,11 +247,12 @@ def render(est: Any, inputs: dict[str, Any]) -> str:
             f"step time {est.step_time_s:.3f} s, by term after overlap (s):",
             format_table(list(times), [[f"{v:.3f}" for v in times.values()]], left=0),
             "",
-            f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU; 80 % interval "
-            f"{lo:,.0f}-{hi:,.0f}), {est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, MFU {est.mfu:.1%}",
-            f"{inputs['tokens_to_train']:.3g} tokens: {est.hours:,.2f} h ({est.hours_interval[0]:,.2f}-"
-            f"{est.hours_interval[1]:,.2f}), ${est.dollars:,.0f} (${est.dollars_interval[0]:,.0f}-"
-            f"${est.dollars_interval[1]:,.0f})",
+            f"{est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU; "
+            f"{span(est.tokens_per_s_interval, label='80 % interval ')}), "
+            f"{est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, MFU {est.mfu:.1%}",
+            f"{inputs['tokens_to_train']:.3g} tokens: {est.hours:,.2f} h "
+            f"({span(est.hours_interval, ',.2f')}), "
+            f"${est.dollars:,.0f} ({span(est.dollars_interval, ',.0f', '$')})",
             f"parameter set {est.params['name']!r} (fit on {', '.join(est.params['fit_on']) or 'nothing'}); "
             f"interval: {est.params['interval']}",
         ]

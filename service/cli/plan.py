@@ -105,6 +105,14 @@ def memory_lines(memory: dict[str, float], limit_bytes: float) -> str:
     return table
 
 
+def span(interval: tuple[float, float], fmt: str = ",.0f", unit: str = "", label: str = "") -> str:
+    """An interval as `label low-high`, or "no interval" when the parameter set has none (low = high)."""
+    low, high = interval
+    if low == high:
+        return "no interval"
+    return f"{label}{unit}{low:{fmt}}-{unit}{high:{fmt}}"
+
+
 def _plan_row(entry: Any) -> list[str]:
     est = entry.estimate
     mem = est.memory_per_gpu_bytes
@@ -115,7 +123,7 @@ def _plan_row(entry: Any) -> list[str]:
         f"{mem.total / GIB:.1f}",
         f"{est.step_time_s:.2f}",
         f"{est.tokens_per_s:,.0f}",
-        f"{est.tokens_per_s_interval[0]:,.0f}-{est.tokens_per_s_interval[1]:,.0f}",
+        span(est.tokens_per_s_interval),
         f"{est.tokens_per_s_per_gpu:,.0f}",
         f"{est.mfu:.1%}",
         f"{est.hours:,.2f}",
@@ -142,11 +150,10 @@ def _describe(entry: Any, title: str) -> list[str]:
     est = entry.estimate
     return [
         f"{title}: {entry.plan.short()}",
-        f"  {est.tokens_per_s:,.0f} tokens/s (80 % interval {est.tokens_per_s_interval[0]:,.0f}-"
-        f"{est.tokens_per_s_interval[1]:,.0f}; {est.tokens_per_s_per_gpu:,.0f} per GPU), MFU {est.mfu:.1%}, "
-        f"step {est.step_time_s:.2f} s",
-        f"  {est.hours:,.1f} h ({est.hours_interval[0]:,.1f}-{est.hours_interval[1]:,.1f}), "
-        f"${est.dollars:,.0f} (${est.dollars_interval[0]:,.0f}-${est.dollars_interval[1]:,.0f})",
+        f"  {est.tokens_per_s:,.0f} tokens/s ({span(est.tokens_per_s_interval, label='80 % interval ')}; "
+        f"{est.tokens_per_s_per_gpu:,.0f} per GPU), MFU {est.mfu:.1%}, step {est.step_time_s:.2f} s",
+        f"  {est.hours:,.1f} h ({span(est.hours_interval, ',.1f')}), "
+        f"${est.dollars:,.0f} ({span(est.dollars_interval, ',.0f', '$')})",
         f"  parameter set {est.params['name']!r}, fit on {len(est.params['fit_on'])} sources "
         f"({est.params['fit_runs']} runs); interval: {est.params['interval']}",
         "  memory per GPU (GiB):",

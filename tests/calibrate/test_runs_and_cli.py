@@ -90,6 +90,10 @@ def test_csv_runs_file(tmp_path):
             _row(0, "mine", 8, 5000.0).replace("llama2-7b", "llama9"),
             ["measurements.0.model", "unknown model"],
         ),
+        (
+            _row(0, "mine", 8, 5000.0).replace(",5000.0", ",abc"),
+            ["measurements.0.tokens_per_s_per_gpu", "line 2"],
+        ),
     ],
 )
 def test_bad_rows_are_one_line_naming_row_and_field(tmp_path, row, needles):
@@ -134,6 +138,34 @@ def test_calibrate_cli_fits_cross_validates_and_writes_a_set_estimate_uses(tmp_p
     assert est["params"]["name"] == "runs" and est["params"]["fit_on"] == ["lab0", "lab1"]
     # Measured ~3,800 tokens/s per GPU at 32 GPUs; calibrated on these runs the estimate is near it.
     assert est["tokens_per_s_per_gpu"] == pytest.approx(3800, rel=0.15)
+
+
+def test_a_users_yaml_needs_neither_models_nor_refs_but_at_least_one_run(tmp_path):
+    row = {"id": "r1", "source": "mylab", "model": "llama2-7b", "gpu": "a100-sxm-80gb", "num_gpus": 8,
+           "dp": 8, "tp": 1, "pp": 1, "zero_stage": 3, "micro_batch": 2, "grad_accum": 4, "global_batch": 64,
+           "seq_len": 4096, "recompute": "none", "measured": {"tokens_per_s_per_gpu": 3100}}  # fmt: skip
+    data = {
+        "sources": {"mylab": {"citation": "our logs", "framework": "DeepSpeed", "metric": "tokens/s/GPU"}}
+    }
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**data, "measurements": [row]}))
+    (run,) = load_runs(path)
+    assert run.tokens_per_s_per_gpu == 3100
+    path.write_text(yaml.safe_dump({**data, "measurements": []}))
+    with pytest.raises(SpecError, match="measurements: List should have at least 1 item"):
+        load_runs(path)
+
+
+def test_one_source_is_fit_without_an_interval_and_says_so(tmp_path, capsys):
+    rows = [_row(i, "lab0", g, t) for i, (g, t) in enumerate([(8, 4100), (16, 3900)])]
+    out = tmp_path / "one.yaml"
+    assert main(["calibrate", str(_csv(tmp_path, rows)), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "crossval" not in report and "one source" in report["crossval_skipped"]
+    assert report["params"]["interval"].startswith("none: fit without leave-one-source-out")
+    assert main(["plan", str(ROOT / "experiments/llama2-13b-32xh100.yaml"), "--params", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(no interval;" in text and "h (no interval), $" in text  # not a zero-width "80 % interval"
 
 
 def test_calibrate_cli_bad_file_is_one_line(tmp_path, capsys):
