@@ -12,6 +12,8 @@ import argparse
 import json
 from typing import Any
 
+from service.cli.args import finite_float
+
 # plan_problem's field -> the flag a user of this command would change.
 FLAGS = {
     "dp": "--gpus",
@@ -122,12 +124,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--tokens-to-train",
-        type=float,
+        type=finite_float,
         default=1e9,
         help="Tokens the run trains, for hours and dollars (1e9).",
     )
-    a("--headroom", type=float, default=0.10, help="Fraction of GPU memory kept free (default 0.10).")
-    a("--price-per-gpu-hour", type=float, default=None, help="USD per GPU-hour (default: the GPU catalog's).")
+    a("--headroom", type=finite_float, default=0.10, help="Fraction of GPU memory kept free (default 0.10).")
+    a(
+        "--price-per-gpu-hour",
+        type=finite_float,
+        default=None,
+        help="USD per GPU-hour (default: the GPU catalog's).",
+    )
     a("--params", default=None, help="Cost-model parameter set (YAML; default: the shipped set).")
     a("--json", action="store_true", help="Print JSON instead of a table.")
 

@@ -14,6 +14,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from service.cli.args import finite_float
+
 DEFAULT_BUDGET_S = {"cpu": 60.0, "cuda": 180.0}
 
 
@@ -26,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--experiment", help="Experiment YAML: time its proxy model at its proxy sequence length instead."
     )
-    a("--budget-s", type=float, help="Time budget in seconds (default 60 on CPU, 180 on CUDA).")
+    a("--budget-s", type=finite_float, help="Time budget in seconds (default 60 on CPU, 180 on CUDA).")
     a("--device", choices=("cpu", "cuda"), help="Device to profile (default: cuda if present, else cpu).")
     a("--threads", type=int, help="CPU: torch threads, as one proxy worker has (default 1).")
     a(

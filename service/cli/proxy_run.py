@@ -13,19 +13,25 @@ import os
 
 from pydantic import ValidationError
 
+from service.cli.args import positive_int
+from service.spec.errors import from_validation_error
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.plan import Plan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help="experiment YAML (its proxy section sets the scale)")
-    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel degree")
-    parser.add_argument("--pp", type=int, required=True, help="pipeline stages")
+    parser.add_argument("--tp", type=positive_int, required=True, help="tensor-parallel degree")
+    parser.add_argument("--pp", type=positive_int, required=True, help="pipeline stages")
     parser.add_argument("--zero", type=int, required=True, choices=(0, 1, 2, 3), help="ZeRO stage")
     parser.add_argument("--offload-optimizer", action="store_true", help="optimizer states and step on CPU")
     parser.add_argument("--offload-params", action="store_true", help="parameters on CPU (ZeRO-3)")
-    parser.add_argument("--micro-batch", type=int, required=True, help="sequences per micro-batch per rank")
-    parser.add_argument("--grad-accum", type=int, required=True, help="micro-batches per optimizer step")
+    parser.add_argument(
+        "--micro-batch", type=positive_int, required=True, help="sequences per micro-batch per rank"
+    )
+    parser.add_argument(
+        "--grad-accum", type=positive_int, required=True, help="micro-batches per optimizer step"
+    )
     parser.add_argument("--recompute", required=True, choices=("none", "selective", "full"))
     parser.add_argument(
         "--precision",
@@ -33,10 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="bf16",
         help="the plan's precision (a CPU proxy computes in proxy.precision)",
     )
-    parser.add_argument("--workers", type=int, help="workers (default: proxy.num_workers)")
-    parser.add_argument("--steps", type=int, help="optimizer steps (default: proxy.steps)")
+    parser.add_argument("--workers", type=positive_int, help="workers (default: proxy.num_workers)")
+    parser.add_argument("--steps", type=positive_int, help="optimizer steps (default: proxy.steps)")
     parser.add_argument("--checkpoint-every", type=int, help="checkpoint every K steps")
-    parser.add_argument("--inject-failure-at-step", type=int, help="kill one worker once at step K")
+    parser.add_argument("--inject-failure-at-step", type=positive_int, help="kill one worker once at step K")
     parser.add_argument("--storage-path", help="where checkpoints and the step log go (default: a temp dir)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -59,7 +65,8 @@ def _plan(args: argparse.Namespace, experiment: ExperimentSpec) -> Plan | str:
     try:
         return plan_for_point(experiment, point, precision=args.precision)
     except ValidationError as err:
-        return str(err.errors(include_url=False)[0]["msg"]).removeprefix("Value error, ")
+        problem = from_validation_error(err, model_cls=Plan)
+        return f"{problem.field}: {problem.message}"
 
 
 def _print_table(result: dict) -> None:  # type: ignore[type-arg]

@@ -14,6 +14,7 @@ import argparse
 import json
 from typing import Any
 
+from service.cli.args import finite_float
 from service.spec.errors import SpecError
 
 
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-trials", type=int, help="Most trials to launch. Default: the space's.")
     parser.add_argument(
         "--pending-timeout",
-        type=float,
+        type=finite_float,
         metavar="S",
         help="A trial whose workers are not placed within S seconds is recorded as unschedulable and "
         "the search goes on. Default: the space's (600).",

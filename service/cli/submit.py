@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 
+from service.cli.args import finite_float
 from service.cluster.jobs import DEFAULT_ADDRESS
 
 
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--working-dir", default=".", help="Uploaded as the job's working dir (default: .).")
     parser.add_argument("--mlflow-uri", help="MLFLOW_TRACKING_URI for the job (default: this environment's).")
     parser.add_argument("--no-wait", action="store_true", help="Print the job id and return.")
-    parser.add_argument("--timeout", type=float, help="Stop the job after this many seconds.")
+    parser.add_argument("--timeout", type=finite_float, help="Stop the job after this many seconds.")
     parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER, help="-- COMMAND")
 
 

@@ -85,6 +85,10 @@ def test_estimate_table_output(capsys):
         (["--sequence-parallel"], ["--sequence-parallel", "needs tp > 1"]),
         (["--headroom", "1.5"], ["--headroom", "[0, 1)"]),
         (["--tokens-to-train", "-1"], ["--tokens-to-train", "positive"]),
+        # NaN and infinity would reach --json as NaN / Infinity, which is not JSON
+        (["--tokens-to-train", "nan"], ["--tokens-to-train", "must be a finite number"]),
+        (["--price-per-gpu-hour", "inf"], ["--price-per-gpu-hour", "must be a finite number"]),
+        (["--headroom", "abc"], ["--headroom", "not a number"]),
         (["--price-per-gpu-hour", "-2"], ["--price-per-gpu-hour"]),
         (["--gpus", "0"], ["--gpus", "positive integer"]),
         (["--zero", "4"], ["--zero", "choose from 0, 1, 2, 3"]),

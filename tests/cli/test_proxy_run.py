@@ -57,6 +57,7 @@ def test_plan_deepspeed_cannot_run_is_invalid_not_a_crash(capsys):
     data = json.loads(capsys.readouterr().out)
     assert code == 1
     assert data["status"] == "invalid" and "zero_stage 3" in data["reason"]
+    assert data["reason"].startswith("offload_params: ")  # the field at fault
     from service.train.run import ProxyResult
 
     assert set(data) == set(ProxyResult.model_fields)  # the same document as a run's, with plan None
@@ -68,6 +69,18 @@ def test_workers_not_divisible_by_tp_pp_is_invalid(capsys):
     data = json.loads(capsys.readouterr().out)
     assert code == 1 and data["status"] == "invalid"
     assert data["reason"] == "dp·tp·pp = 2 but the proxy has 3 workers"  # proxy_plan_problem's rule
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--micro-batch", "-1"), ("--grad-accum", "0"), ("--workers", "-2"), ("--tp", "x")]
+)
+def test_a_count_that_is_not_positive_is_one_line_naming_the_flag_exit_2(capsys, flag, value):
+    argv = ["proxy-run", EXP, *PLAN, flag, value]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"argument {flag}:" in err
 
 
 def test_missing_experiment_is_one_line_exit_2(capsys):
