@@ -143,7 +143,8 @@ def _explain_none(
         binding,
         fastest,
         (
-            f"no plan meets the budget: {binding} binds. No plan that fits finishes within "
+            f"no plan meets the budget: {binding} {'binds' if within_dollars else 'bind'}. "
+            f"No plan that fits finishes within "
             f"{budget.max_hours:g} h{also}; the fastest, {plans.row(fastest).short()}, would take "
             f"{_numbers(est, fastest)}"
         ),

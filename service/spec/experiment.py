@@ -81,6 +81,8 @@ class ExperimentSpec(BaseModel):
 def read_yaml(path: str | Path) -> Any:
     """Reads a YAML file; a missing or malformed file is a `SpecError` naming it."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError("path", "a directory, not a YAML file", str(path))
     if not p.is_file():
         raise SpecError("path", "no such file", str(path))
     try:

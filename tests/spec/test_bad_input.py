@@ -133,6 +133,7 @@ def test_inline_model_shape_errors(tmp_path):
 
 def test_unreadable_files(tmp_path):
     assert error_of(tmp_path / "none.yaml").message == "no such file"
+    assert error_of(tmp_path).message == "a directory, not a YAML file"
     (tmp_path / "bad.yaml").write_text("name: [x\n")
     err = error_of(tmp_path / "bad.yaml")
     assert err.field.startswith("line ") and "not valid YAML" in err.message
