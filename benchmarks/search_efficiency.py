@@ -77,7 +77,7 @@ def _first_within(rows: list[dict[str, Any]], target: float) -> int | None:
 
 
 def run(steps: int, patience: int, workdir: Path, algorithm: str = "grid") -> dict[str, Any]:
-    from service.search import Search
+    from service.search import RunConfig, Search, SearchConfig
     from service.search.space import space_from_dict
     from service.spec import load_experiment
 
@@ -94,24 +94,16 @@ def run(steps: int, patience: int, workdir: Path, algorithm: str = "grid") -> di
     grid = Search(
         experiment,
         space,
-        algorithm="grid",
-        guided=False,
-        patience=None,
-        storage_path=workdir,
-        name="grid",
-        progress=True,
+        config=SearchConfig(algorithm="grid", guided=False, patience=None),
+        run_config=RunConfig(storage_path=workdir, name="grid", progress=True),
     ).fit()
     grid_s = time.monotonic() - started
     started = time.monotonic()
     guided = Search(
         experiment,
         space,
-        algorithm="grid",
-        guided=True,
-        patience=patience,
-        storage_path=workdir,
-        name="guided",
-        progress=True,
+        config=SearchConfig(algorithm="grid", guided=True, patience=patience),
+        run_config=RunConfig(storage_path=workdir, name="guided", progress=True),
     ).fit()
     guided_s = time.monotonic() - started
 

@@ -10,6 +10,7 @@ import pytest
 
 import service
 from service import Budget, Planner, PlanResult, SpecError, estimate_plan, load_experiment
+from service.catalog import load_model
 from service.costmodel import estimate
 from service.plans.select import STATUSES
 from service.spec import Plan, check_plan
@@ -123,7 +124,7 @@ def test_no_valid_plan_and_nothing_fits(spec):
     res = Planner(odd).fit()
     assert res.plans_evaluated == 0 and res.binding_constraint == "no valid plan"
     assert "global batch does not split" in res.message
-    big = spec.model_copy(update={"model": service.catalog.load_model("gpt3-175b")})
+    big = spec.model_copy(update={"model": load_model("gpt3-175b")})
     tight = Planner(big, budget=Budget(memory_headroom=0.95)).fit()  # 5 % of 79.6 GiB left
     assert tight.binding_constraint == "memory" and tight.selected is None and tight.fallback is None
     assert "GiB per GPU; the limit after headroom is 4.0 GiB" in tight.message

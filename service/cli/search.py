@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _make_search(args: argparse.Namespace) -> Any:
+    from service.search.config import RunConfig, SearchConfig
     from service.search.driver import Search
     from service.search.space import load_space
     from service.spec.experiment import load_experiment
@@ -61,14 +62,11 @@ def _make_search(args: argparse.Namespace) -> Any:
         raise SpecError("experiment", "give the experiment YAML (or --resume PATH)")
     if not args.space:
         raise SpecError("--space", "give the search-space YAML (see search_spaces/)")
-    return Search(
-        load_experiment(args.experiment),
-        load_space(args.space),
-        algorithm=args.algorithm,
-        max_trials=args.max_trials,
-        pending_timeout_s=args.pending_timeout,
-        progress=True,
+    experiment, space = load_experiment(args.experiment), load_space(args.space)
+    config = SearchConfig(
+        algorithm=args.algorithm, max_trials=args.max_trials, pending_timeout_s=args.pending_timeout
     )
+    return Search(experiment, space, config=config, run_config=RunConfig(progress=True))
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 0) -> str:

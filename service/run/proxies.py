@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from service.run.validate import Choice
+from service.search.config import RunConfig, SearchConfig
 from service.search.driver import STATE_FILE, Search
 from service.search.prune import Candidate, PruneResult, proxy_prediction
 from service.search.result import SearchResult
@@ -107,6 +108,9 @@ def run_proxies(
     else:
         name = f"run-{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         search = PlannedSearch(
-            experiment, choices, storage_path=folder, name=name, steps=steps, progress=progress
+            experiment,
+            choices,
+            config=SearchConfig(steps=steps),
+            run_config=RunConfig(storage_path=folder, name=name, progress=progress),
         )
     return search.fit(), search.name

@@ -1,6 +1,7 @@
 """Search service: Ray Tune searches parallel plans on proxy runs, pruned by the cost model, in MLflow.
 
-`Search(experiment, space, algorithm=..., max_trials=...).fit() -> SearchResult`, `Search.restore(path)`,
+`Search(experiment, space, config=SearchConfig(...), run_config=RunConfig(...)).fit() -> SearchResult`,
+`Search.restore(path)`,
 `SearchSpace` / `load_space` for the strict search-space schema, `SearchConfig` / `RunConfig` for settings.
 """
 

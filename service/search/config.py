@@ -2,8 +2,8 @@
 
 `SearchConfig` says how the search runs (algorithm, trial budget, stopping, steps per trial);
 `RunConfig` says where it is kept and what it shows. Both are optional: a setting left `None` falls
-back to the space's `search` section, then to the experiment's proxy settings. The same settings are
-still accepted as keyword arguments of `Search(...)` (one or the other per setting, not both).
+back to the space's `search` section, then to the experiment's proxy settings. `Search(...)` takes
+settings only this way (`config=`, `run_config=`), as Ray Tune's `Tuner` does.
 
 Example:
     >>> from service.search.config import RunConfig, SearchConfig
@@ -20,9 +20,9 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
 from service.search.space import Algorithm
 from service.spec.errors import SpecError
@@ -82,19 +82,3 @@ class RunConfig:
     storage_path: str | Path | None = None
     name: str | None = None
     progress: bool = False
-
-
-def merge(config: Any, given: dict[str, Any]) -> dict[str, Any]:
-    """`config`'s fields with the keyword arguments in `given` (None = not given) laid over them.
-
-    A setting given both ways is refused: which one wins would be a guess.
-    """
-    base = {f.name: getattr(config, f.name) for f in fields(config)}
-    default = type(config)()
-    for name, value in given.items():
-        if value is None:
-            continue
-        if getattr(config, name) != getattr(default, name):
-            raise SpecError(name, f"given both as a keyword argument and in {type(config).__name__}")
-        base[name] = value
-    return base

@@ -6,8 +6,9 @@ its Train checkpoint, since its Train run is named after the trial id).
 
 Example:
     >>> from service.search import Search
+    >>> from service.search import SearchConfig
     >>> result = Search("experiments/tiny-cpu.yaml", "search_spaces/tiny-cpu.yaml",
-    ...                 algorithm="grid", max_trials=4).fit()                         # doctest: +SKIP
+    ...                 config=SearchConfig(algorithm="grid", max_trials=4)).fit()    # doctest: +SKIP
     >>> result.best.plan, result.mlflow_run_id                                         # doctest: +SKIP
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from service.search.collect import collect_trials
-from service.search.config import RunConfig, SearchConfig, merge
+from service.search.config import RunConfig, SearchConfig
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
 from service.search.result import SearchResult
 from service.search.space import Algorithm, SearchSpace, load_space, space_from_dict
@@ -58,8 +59,9 @@ def driver_cpus(world_size: int) -> int:
 class Search:
     """Searches the plans of `space` for `experiment` on proxy runs.
 
-    Settings come as config objects (`SearchConfig`, `RunConfig`, as in Ray Tune) or as the keyword
-    arguments of the same names, one or the other per setting.
+    Settings come as two config objects, as in Ray Tune's `Tuner(tune_config=..., run_config=...)`:
+    `SearchConfig` (how it runs) and `RunConfig` (where it is kept and what it shows). A setting left
+    None falls back to the space's `search` section, then to the experiment's proxy settings.
 
     Args:
         experiment: `ExperimentSpec` or a path to its YAML.
@@ -67,19 +69,6 @@ class Search:
         config: how the search runs (algorithm, max_trials, patience, steps, trial_timeout_s,
             pending_timeout_s, seed, guided); see `SearchConfig`.
         run_config: where it is kept and what it shows (storage_path, name, progress); see `RunConfig`.
-        algorithm: grid (model order), random, or bayes (Optuna TPE); default: the space's.
-        max_trials: most trials to launch; default: the space's, else every candidate.
-        patience: stop after this many ended trials without a new best; default: the space's.
-        steps: optimizer steps per trial; default: the space's, else proxy.steps.
-        trial_timeout_s: a trial running longer is recorded as a hang; default: the space's.
-        pending_timeout_s: a trial whose workers are not placed within this is recorded as
-            unschedulable; default: the space's.
-        guided: prune predicted-OOM plans and order by prediction (False: the plain grid baseline).
-        storage_path: where Tune keeps the search (default: $SERVICE_SEARCH_DIR, else
-            `<repo>/ray_results/search`).
-        name: the search's folder and MLflow run name (default: experiment-space-algorithm-time).
-        progress: show a progress bar on stderr.
-        seed: seed of the random order and the TPE sampler; default: the space's.
 
     Example:
         >>> from service import Search, SearchSpace
@@ -99,17 +88,6 @@ class Search:
         *,
         config: SearchConfig | None = None,
         run_config: RunConfig | None = None,
-        algorithm: str | None = None,
-        max_trials: int | None = None,
-        patience: int | None = None,
-        steps: int | None = None,
-        trial_timeout_s: float | None = None,
-        pending_timeout_s: float | None = None,
-        guided: bool | None = None,
-        storage_path: str | Path | None = None,
-        name: str | None = None,
-        progress: bool | None = None,
-        seed: int | None = None,
     ):
         self.experiment = (
             experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
@@ -118,14 +96,8 @@ class Search:
             self.space = space
         else:
             self.space = load_space(space) if isinstance(space, str | Path) else space_from_dict(space)
-        given = dict(
-            algorithm=algorithm, max_trials=max_trials, patience=patience, steps=steps,
-            trial_timeout_s=trial_timeout_s, pending_timeout_s=pending_timeout_s, seed=seed, guided=guided,
-        )  # fmt: skip
-        self.config = SearchConfig(**merge(config or SearchConfig(), given))
-        run = RunConfig(
-            **merge(run_config or RunConfig(), dict(storage_path=storage_path, name=name, progress=progress))
-        )
+        self.config = config or SearchConfig()
+        run = run_config or RunConfig()
         settings = self.space.search
         self.algorithm = self.config.algorithm or settings.algorithm
         if self.algorithm not in get_args(Algorithm):
@@ -195,10 +167,8 @@ class Search:
         search = cls(
             ExperimentSpec.model_validate(state["experiment"]),
             SearchSpace.model_validate(state["space"]),
-            storage_path=folder.parent,
-            name=folder.name,
-            progress=progress,
-            **state["settings"],
+            config=SearchConfig(**state["settings"]),
+            run_config=RunConfig(storage_path=folder.parent, name=folder.name, progress=progress),
         )
         search.target = TrackingTarget(
             **{**state["tracking"], "buffer_dir": Path(state["tracking"]["buffer_dir"])}

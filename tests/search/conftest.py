@@ -56,7 +56,7 @@ class SearchRun:
 
 @pytest.fixture(scope="session")
 def tiny_search(tmp_path_factory: pytest.TempPathFactory) -> SearchRun:
-    from service.search import Search
+    from service.search import RunConfig, Search
 
     tmp = tmp_path_factory.mktemp("tiny-search")
     experiment = tiny_experiment(tmp, "tiny-search")
@@ -69,7 +69,7 @@ def tiny_search(tmp_path_factory: pytest.TempPathFactory) -> SearchRun:
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)  # the experiment's own store, not the caller's
-        result = Search(experiment, space, storage_path=tmp / "searches").fit()
+        result = Search(experiment, space, run_config=RunConfig(storage_path=tmp / "searches")).fit()
     return SearchRun(result, experiment, space, tmp)
 
 

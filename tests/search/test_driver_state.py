@@ -7,19 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from service.search.config import RunConfig, SearchConfig
 from service.search.driver import STATE_FILE, Search
 from service.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = REPO / "experiments" / "tiny-cpu.yaml"
 SPACE = REPO / "search_spaces" / "tiny-cpu.yaml"
+RANDOM_2 = SearchConfig(algorithm="random", max_trials=2)
 
 
 def test_arguments_override_the_space_defaults(tmp_path: Path) -> None:
-    search = Search(EXPERIMENT, SPACE, storage_path=tmp_path)
+    search = Search(EXPERIMENT, SPACE, run_config=RunConfig(storage_path=tmp_path))
     assert (search.algorithm, search.max_trials, search.patience, search.steps) == ("grid", 3, 2, 5)
     search = Search(
-        EXPERIMENT, SPACE, algorithm="bayes", max_trials=5, patience=1, storage_path=tmp_path, name="s"
+        EXPERIMENT,
+        SPACE,
+        config=SearchConfig(algorithm="bayes", max_trials=5, patience=1),
+        run_config=RunConfig(storage_path=tmp_path, name="s"),
     )
     assert (search.algorithm, search.max_trials, search.patience) == ("bayes", 5, 1)
     assert search.path == tmp_path.resolve() / "s"
@@ -30,13 +35,14 @@ def test_arguments_override_the_space_defaults(tmp_path: Path) -> None:
 )
 def test_bad_arguments_are_spec_errors(kwargs: dict, field: str, tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
-        Search(EXPERIMENT, SPACE, storage_path=tmp_path, **kwargs)
+        Search(EXPERIMENT, SPACE, config=SearchConfig(**kwargs), run_config=RunConfig(storage_path=tmp_path))
     assert info.value.field == field
 
 
 def test_state_round_trip(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
-    search = Search(EXPERIMENT, SPACE, algorithm="random", max_trials=2, storage_path=tmp_path, name="s1")
+    run_config = RunConfig(storage_path=tmp_path, name="s1")
+    search = Search(EXPERIMENT, SPACE, config=RANDOM_2, run_config=run_config)
     search.path.mkdir(parents=True)
     (search.path / STATE_FILE).write_text(json.dumps(search._state()))
     monkeypatch.setenv(
@@ -67,7 +73,8 @@ def test_a_search_whose_tune_state_was_cut_off_is_not_continued(tmp_path: Path, 
     Continuing would restore no trial while the searcher remembers its launches, so the search says so
     in one line instead (and `run` starts a fresh one: tests/run)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
-    search = Search(EXPERIMENT, SPACE, algorithm="random", max_trials=2, storage_path=tmp_path, name="s2")
+    run_config = RunConfig(storage_path=tmp_path, name="s2")
+    search = Search(EXPERIMENT, SPACE, config=RANDOM_2, run_config=run_config)
     search.path.mkdir(parents=True)
     (search.path / STATE_FILE).write_text(json.dumps(search._state()))
     assert Search.can_restore(search.path)  # the driver died before Tune saved anything
@@ -103,7 +110,7 @@ def test_collect_keeps_the_workers_device_fallback(tmp_path: Path) -> None:
 
     import pandas as pd
 
-    search = Search(EXPERIMENT, SPACE, storage_path=tmp_path, name="s")
+    search = Search(EXPERIMENT, SPACE, run_config=RunConfig(storage_path=tmp_path, name="s"))
     first, second = search.pruning().candidates[:2]
     step = {"step": 5.0, "tokens_per_s": 900.0, "loss": 6.0}
     fell_back = {**step, "device_fallback": "GPU resource without a CUDA device: ran on CPU/gloo"}

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 def test_hung_trials_are_infeasible_and_the_search_goes_on(
     tmp_path, experiment_file, space_file, monkeypatch
 ) -> None:
-    from service.search import Search
+    from service.search import RunConfig, Search
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     # 200 steps cannot finish in 6 s (starting the workers alone takes longer): every trial "hangs".
@@ -20,7 +20,7 @@ def test_hung_trials_are_infeasible_and_the_search_goes_on(
     space = space_file(
         "hang-space", {"zero_stage": [0], "micro_batch": [2, 4]}, trial_timeout_s=6, asha=None, steps=200
     )
-    result = Search(experiment, space, storage_path=tmp_path / "searches").fit()
+    result = Search(experiment, space, run_config=RunConfig(storage_path=tmp_path / "searches")).fit()
 
     assert [t.status for t in result.trials] == ["hang", "hang"]  # the second ran after the first hung
     assert all(t.reason == "hang: the trial did not finish within 6 s" for t in result.trials)

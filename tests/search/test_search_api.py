@@ -28,50 +28,36 @@ def test_top_level_names_import_lazily() -> None:
     assert out.stdout.split() == ["service.search.driver", "service.search.space", "False", "False"]
 
 
-def test_config_objects_and_keywords_set_the_same_search(tmp_path: Path) -> None:
+def test_config_objects_set_the_search_and_the_space_fills_the_rest(tmp_path: Path) -> None:
     from service import Search, SearchConfig, SearchSpace
     from service.search import RunConfig
 
     space = SearchSpace(params={"zero_stage": [0, 1], "micro_batch": [2, 4]}, algorithm="random", patience=2)
-    by_config = Search(
+    search = Search(
         EXPERIMENT,
         space,
         config=SearchConfig(algorithm="bayes", max_trials=3, steps=4, seed=7, guided=False),
         run_config=RunConfig(storage_path=tmp_path, name="a"),
     )
-    by_keywords = Search(
-        EXPERIMENT,
-        space,
-        algorithm="bayes",
-        max_trials=3,
-        steps=4,
-        seed=7,
-        guided=False,
-        storage_path=tmp_path,
-        name="a",
+    assert (search.algorithm, search.max_trials, search.steps, search.seed, search.guided) == (
+        "bayes",
+        3,
+        4,
+        7,
+        False,
     )
-    for search in (by_config, by_keywords):
-        assert (search.algorithm, search.max_trials, search.steps, search.seed, search.guided) == (
-            "bayes",
-            3,
-            4,
-            7,
-            False,
-        )
-        assert search.patience == 2  # not given: the space's
-        assert search.path == tmp_path.resolve() / "a"
-    assert by_config.config == by_keywords.config
-    default = Search(EXPERIMENT, space, storage_path=tmp_path)
+    assert search.patience == 2  # not given: the space's
+    assert search.path == tmp_path.resolve() / "a"
+    default = Search(EXPERIMENT, space, run_config=RunConfig(storage_path=tmp_path))
     assert default.algorithm == "random" and default.guided is True
 
 
-def test_a_setting_given_both_ways_is_refused(tmp_path: Path) -> None:
+def test_settings_come_only_as_config_objects(tmp_path: Path) -> None:
     from service import Search, SearchConfig, SearchSpace
 
     space = SearchSpace(params={"zero_stage": [0, 1]})
-    with pytest.raises(SpecError) as info:
-        Search(EXPERIMENT, space, config=SearchConfig(max_trials=2), max_trials=3, storage_path=tmp_path)
-    assert info.value.field == "max_trials" and "both" in info.value.message
+    with pytest.raises(TypeError, match="max_trials"):  # as Ray Tune's Tuner: no flat keyword arguments
+        Search(EXPERIMENT, space, max_trials=3)  # type: ignore[call-arg]
     with pytest.raises(SpecError) as info:
         SearchConfig(algorithm="anneal")
     assert info.value.field == "algorithm"

@@ -24,7 +24,7 @@ PENDING_S = 20  # the good trial must be placed within it too: its controller al
 def test_a_trial_that_cannot_be_placed_is_unschedulable_and_the_search_goes_on(
     tmp_path, experiment_file, space_file, monkeypatch
 ) -> None:
-    from service.search import Search, SearchConfig
+    from service.search import RunConfig, Search, SearchConfig
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     experiment = experiment_file("unschedulable")
@@ -38,7 +38,7 @@ def test_a_trial_that_cannot_be_placed_is_unschedulable_and_the_search_goes_on(
         experiment,
         space,
         config=SearchConfig(pending_timeout_s=PENDING_S, trial_timeout_s=300),
-        storage_path=tmp_path / "searches",
+        run_config=RunConfig(storage_path=tmp_path / "searches"),
     ).fit()
     elapsed = time.monotonic() - started
 
