@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import service
 from service import Budget, Planner, PlanResult, SpecError, estimate_plan, load_experiment
 from service.catalog import load_model
 from service.costmodel import estimate
