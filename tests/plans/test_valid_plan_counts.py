@@ -1,6 +1,7 @@
 """The valid-plan counts other tests quote (4,380 for Llama-2-13B on 32 GPUs, 13,260 for Llama-2-70B on
-1,024) derived independently: a brute-force loop over every layout, written from the rules as they are
-documented (DeepSpeed's limits and the cluster/workload identities), not from the enumerator's code."""
+1,024), and the candidate counts they are drawn from (46,200 and 193,200), derived independently: a
+brute-force loop over every layout, written from the rules as they are documented (DeepSpeed's limits
+and the cluster/workload identities), not from the enumerator's code."""
 
 from __future__ import annotations
 
@@ -54,6 +55,26 @@ def brute_force_count(
             if batch % (mb * dp) == 0:
                 count += 1
     return count
+
+
+def candidate_count(gpus: int) -> int:
+    """The cross product the planner scores before any rule, counted from the choices it documents
+    (one GPU type, bf16, several nodes): every (dp, tp, cp) of divisors with cp ≤ 16 and pp the rest,
+    times ZeRO 0-3 or ZeRO-3 with hpZ (5), optimizer offload (2), parameter offload (2), recompute none /
+    selective / full (3), sequence parallelism (2) and the 7 micro-batch sizes."""
+    divisors = [d for d in range(1, gpus + 1) if gpus % d == 0]
+    layouts = sum(
+        1 for dp in divisors for tp in divisors for cp in divisors if cp <= 16 and gpus % (dp * tp * cp) == 0
+    )
+    return layouts * 5 * 2 * 2 * 3 * 2 * len(MICRO_BATCHES)
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [(32, 46200), (1024, 193200)])
+def test_candidate_counts_match_the_documented_cross_product(gpus: int, expected: int):
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=gpus // 8, gpus_per_node=8)
+    workload = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
+    assert candidate_count(gpus) == expected  # the number other tests quote comes from the choices
+    assert enumerate_plans(load_model("llama2-13b"), cluster, workload).candidates == expected
 
 
 @pytest.mark.parametrize(
