@@ -161,7 +161,7 @@ def test_two_stage_enumeration_equals_filtering_the_full_cross_product():
     quantized = enumerate_plans(model, cluster, workload, quantized_collectives=True)
     assert quantized.candidates == 55 * 7 * 2 * 2 * 7 * 3 * 2
     qz = quantized.plans.zero_quantized_weights & quantized.plans.zero_quantized_gradients
-    assert len(quantized.plans) - len(result.plans) == int(qz.sum()) == 432
+    assert len(quantized.plans) - len(result.plans) == int(qz.sum()) == 432  # test_valid_plan_counts.py
 
 
 def test_every_enumerated_plan_is_a_valid_plan_for_the_workload():

@@ -17,7 +17,14 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # powers of two up to the planner's ca
 
 
 def brute_force_count(
-    layers: int, heads: int, kv_heads: int, gpus: int, per_node: int, batch: int, seq: int = 4096
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    gpus: int,
+    per_node: int,
+    batch: int,
+    seq: int = 4096,
+    quantized: bool = False,
 ) -> int:
     """Plans (bf16) that can run, counted one by one. The documented rules:
     - dp·tp·pp·cp = GPUs with cp ≤ 16; tp divides the attention and the KV heads, and divides (≤) the
@@ -25,7 +32,8 @@ def brute_force_count(
       DeepSpeed-Ulysses' cp divides the heads per TP rank and the sequence;
     - micro_batch·grad_accum·dp = the global batch (grad_accum a positive integer);
     - parameter offload needs ZeRO-3; optimizer offload needs ZeRO ≥ 1; an hpZ group (a node's GPUs)
-      divides the dp·cp ZeRO ranks; ZeRO++'s quantized collectives only when asked for (not here);
+      divides the dp·cp ZeRO ranks; ZeRO++'s quantized collectives (qwZ + qgZ) only when asked for, as
+      two more ZeRO-3 variants (with hpZ and without) under ZeRO-3's rules;
     - DeepSpeed's pipeline engine takes ZeRO 0-1; AutoTP takes ZeRO 0-2; tensor-parallel layers run
       inside the pipeline engine (Megatron-DeepSpeed); sequence parallelism needs tp > 1.
     """
@@ -43,6 +51,7 @@ def brute_force_count(
             continue
         # ZeRO 0-3, and ZeRO-3 with hpZ in a node (several nodes; the quantized collectives are opt-in)
         zeros = [(z, 1, 0) for z in range(4)] + [(3, per_node, 0)]
+        zeros += [(3, per_node, 0), (3, 1, 0)] if quantized else []  # the same rules with qwZ + qgZ
         for (zero, hpz, mics), off_opt, off_par, _recompute, sp, mb in itertools.product(
             zeros, (False, True), (False, True), range(3), (False, True), MICRO_BATCHES
         ):
@@ -90,3 +99,9 @@ def test_enumerator_counts_match_a_brute_force_count(model: str, nodes: int, bat
     assert brute == expected  # the number the planner tests quote comes from the rules, not the code
     workload = Workload(seq_len=4096, global_batch_sequences=batch, tokens_to_train=2e9)
     assert len(enumerate_plans(spec, cluster, workload).plans) == brute
+
+
+def test_the_quantized_collectives_count_other_tests_quote():
+    spec = load_model("llama2-13b")
+    args = (spec.num_layers, spec.num_attention_heads, spec.kv_heads, 32, 8, 128)
+    assert brute_force_count(*args, quantized=True) - brute_force_count(*args) == 432
