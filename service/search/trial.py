@@ -55,7 +55,8 @@ class TrialSetup:
     steps: int | None
     timeout_s: float
     pending_timeout_s: float = 600.0
-    stall: dict[str, Any] | None = None  # test hook: {"plan": key, "step", "seconds"} (see tuning.STALL_ENV)
+    # test hook: {"plan": key or "*", "step", "seconds"} (see tuning.STALL_ENV)
+    stall: dict[str, Any] | None = None
     # test hook: {"plan": key, "resources": {name: amount}} added to each worker (see tuning.RESOURCES_ENV)
     extra_resources: dict[str, Any] | None = None
 
@@ -332,8 +333,9 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
 
 
 def _stall_for(setup: TrialSetup, plan_key: str) -> dict[str, float] | None:
-    """The worker stall of the test hook when it names this trial's plan (every rank stalls)."""
-    if not setup.stall or setup.stall.get("plan") != plan_key:
+    """The worker stall of the test hook when it names this trial's plan, or every plan ("*"); every
+    rank stalls."""
+    if not setup.stall or setup.stall.get("plan") not in (plan_key, "*"):
         return None
     return {"rank": -1.0, "step": float(setup.stall["step"]), "seconds": float(setup.stall["seconds"])}
 

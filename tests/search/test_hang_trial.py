@@ -3,6 +3,8 @@ its Train run is ended with it, and the search goes on to the next trial (real R
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -13,12 +15,15 @@ def test_hung_trials_are_infeasible_and_the_search_goes_on(
     tmp_path, experiment_file, space_file, monkeypatch
 ) -> None:
     from service.search import RunConfig, Search
+    from service.search.tuning import STALL_ENV
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    # 200 steps cannot finish in 6 s (starting the workers alone takes longer): every trial "hangs".
-    experiment = experiment_file("hang", steps=200)
+    # Every trial's workers sleep before step 2 for longer than the test runs (the test hook), so no
+    # trial can finish within its 6 s, however fast the machine: each one "hangs".
+    monkeypatch.setenv(STALL_ENV, json.dumps({"plan": "*", "step": 2, "seconds": 900}))
+    experiment = experiment_file("hang", steps=4)
     space = space_file(
-        "hang-space", {"zero_stage": [0], "micro_batch": [2, 4]}, trial_timeout_s=6, asha=None, steps=200
+        "hang-space", {"zero_stage": [0], "micro_batch": [2, 4]}, trial_timeout_s=6, asha=None, steps=4
     )
     result = Search(experiment, space, run_config=RunConfig(storage_path=tmp_path / "searches")).fit()
 
