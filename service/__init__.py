@@ -40,7 +40,16 @@ _LAZY: dict[str, str] = {
     "SearchSpace": "service.search",
 }
 
-if TYPE_CHECKING:  # what mypy sees for the lazy names of the search API
+if TYPE_CHECKING:  # what mypy sees for every lazy name (at run time they come from __getattr__)
+    from service.costmodel import Estimate as Estimate
+    from service.costmodel import estimate as estimate
+    from service.costmodel import estimate_table as estimate_table
+    from service.planner import Planner as Planner
+    from service.planner import PlanResult as PlanResult
+    from service.planner import RankedPlan as RankedPlan
+    from service.planner import estimate_plan as estimate_plan
+    from service.run import Run as Run
+    from service.run import RunResult as RunResult
     from service.search import Search as Search
     from service.search import SearchConfig as SearchConfig
     from service.search import SearchResult as SearchResult

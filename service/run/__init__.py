@@ -5,9 +5,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.report.result import RunResult
+
+if TYPE_CHECKING:  # what mypy sees; at run time `Run` comes from __getattr__
+    from service.run.pipeline import Run as Run
 
 __all__ = ["Run", "RunResult"]
 
