@@ -254,6 +254,28 @@ class SearchSpace(BaseModel):
     )
     search: SearchSettings = Field(default_factory=SearchSettings)  # type: ignore[arg-type]
 
+    if TYPE_CHECKING:  # the signature mypy checks callers against: the `search` settings may come flat
+
+        def __init__(
+            self,
+            *,
+            params: ParamSpace | dict[str, Any],
+            constraints: Constraints | dict[str, Any] = ...,
+            name: str = ...,
+            description: str = ...,
+            metric: Metric = ...,
+            mode: Literal["max", "min"] | None = ...,
+            search: SearchSettings | dict[str, Any] = ...,
+            algorithm: Algorithm = ...,
+            max_trials: int | None = ...,
+            patience: int | None = ...,
+            steps: int | None = ...,
+            trial_timeout_s: float = ...,
+            pending_timeout_s: float = ...,
+            asha: AshaSettings | dict[str, Any] | None = ...,
+            seed: int = ...,
+        ) -> None: ...
+
     @field_validator("params")
     @classmethod
     def _not_empty(cls, params: ParamSpace) -> ParamSpace:
