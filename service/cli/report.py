@@ -9,6 +9,7 @@ Prints where the memo is. Exit 2 when neither a run folder nor a known run id is
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -22,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="Where to write the memo (default: the run folder).")
 
 
-def _from_mlflow(run_id: str) -> Path:
+def _from_mlflow(run_id: str) -> tuple[Path, Path]:
+    """(the run's result.json downloaded, the temporary folder holding it)."""
     import logging
     import os
 
@@ -46,10 +48,11 @@ def _from_mlflow(run_id: str) -> Path:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise SpecError("source", f"{run_id} is neither a run folder nor a run in {uri}: {reason}") from None
     folder = Path(tempfile.mkdtemp(prefix="report-"))
-    mlflow.artifacts.download_artifacts(
+    # Where the file lands under dst_path differs between MLflow versions: use the path it returns.
+    local = mlflow.artifacts.download_artifacts(
         run_id=run_id, artifact_path=f"run/{RESULT_FILE}", dst_path=str(folder), tracking_uri=uri
     )
-    return folder / "run" / RESULT_FILE
+    return Path(local), folder
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from service.report.result import RunResult
 
     source = Path(args.source)
+    download: Path | None = None
     if source.is_dir():
         path = source / RESULT_FILE
         if not path.is_file():
@@ -65,12 +69,17 @@ def run(args: argparse.Namespace) -> int:
     elif source.is_file():
         path, out = source, Path(args.out or source.parent)
     else:
-        path = _from_mlflow(args.source)
+        path, download = _from_mlflow(args.source)
         out = Path(args.out or Path.cwd() / f"report-{args.source}")
+    if out.exists() and not out.is_dir():
+        raise SpecError("--out", f"{out} is a file, not a folder")
     try:
         result = RunResult.load(path)
     except ValueError as err:
         raise SpecError("source", f"{path} is not a run result: {str(err).splitlines()[0]}") from None
+    finally:
+        if download is not None:  # the temporary download of an MLflow run's result
+            shutil.rmtree(download, ignore_errors=True)
     if result.mlflow_run_id is None and not source.exists():
         result = result.model_copy(update={"mlflow_run_id": args.source})
     out.mkdir(parents=True, exist_ok=True)

@@ -76,14 +76,19 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_proxies is not None and args.max_proxies < 0:
         raise SpecError("--max-proxies", f"must be 0 or more, got {args.max_proxies}")
-    job = Run(
-        args.experiment,
-        params=args.params,
-        storage_path=args.out,
-        max_proxies=DEFAULT_MAX_PROXIES if args.max_proxies is None else args.max_proxies,
-        run_proxies=not args.no_proxies,
-        progress=not args.json,
-    )
+    try:
+        job = Run(
+            args.experiment,
+            params=args.params,
+            storage_path=args.out,
+            max_proxies=DEFAULT_MAX_PROXIES if args.max_proxies is None else args.max_proxies,
+            run_proxies=not args.no_proxies,
+            progress=not args.json,
+        )
+    except SpecError as err:
+        if err.field != "storage_path":
+            raise
+        raise SpecError("--out", err.message) from None
     with library_output_to_stderr():  # Ray, Tune and MLflow print on stdout; --json must parse
         result = job.fit()
     if args.json:

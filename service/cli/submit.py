@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from service.cli.args import finite_float
+from service.cli.args import positive_float
 from service.cluster.jobs import DEFAULT_ADDRESS
 
 
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--working-dir", default=".", help="Uploaded as the job's working dir (default: .).")
     parser.add_argument("--mlflow-uri", help="MLFLOW_TRACKING_URI for the job (default: this environment's).")
     parser.add_argument("--no-wait", action="store_true", help="Print the job id and return.")
-    parser.add_argument("--timeout", type=finite_float, help="Stop the job after this many seconds.")
+    parser.add_argument("--timeout", type=positive_float, help="Stop the job after this many seconds.")
     parser.add_argument("job_command", metavar="COMMAND", nargs=argparse.REMAINDER, help="-- COMMAND")
 
 
@@ -48,6 +48,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"job {outcome.job_id} {outcome.status} after {outcome.wall_s:.0f} s", file=sys.stderr)
     if outcome.status == "SUCCEEDED":
         return 0
-    if outcome.last_line:
-        print(f"error: {outcome.last_line}", file=sys.stderr)
+    if outcome.last_line:  # the job's own last line; a service command's already reads "error: ..."
+        print(f"error: {outcome.last_line.removeprefix('error: ')}", file=sys.stderr)
     return 1

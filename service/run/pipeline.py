@@ -112,6 +112,8 @@ class Run:
         if max_proxies < 0:
             raise SpecError("max_proxies", f"must be 0 or more, got {max_proxies}")
         self.out_dir = Path(storage_path or default_out_dir(self.spec)).resolve()
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise SpecError("storage_path", f"{self.out_dir} is a file, not a folder")
         self.max_proxies = max_proxies if run_proxies else 0
         self.proxy_steps = proxy_steps
         if device not in (None, "cpu", "cuda"):

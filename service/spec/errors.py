@@ -83,8 +83,13 @@ def bool_given_for_number(model_cls: type[BaseModel], data: Any) -> str | None:
         if field is None:
             continue
         kinds = _kinds(field.annotation)
-        if isinstance(value, bool) and bool not in kinds and any(k in (int, float) for k in kinds):
+        numeric = bool not in kinds and any(k in (int, float) for k in kinds)
+        if numeric and isinstance(value, bool):
             return key
+        if numeric and list in kinds and isinstance(value, list):  # a list of numbers, e.g. tp: [1, true]
+            at = next((i for i, item in enumerate(value) if isinstance(item, bool)), None)
+            if at is not None:
+                return f"{key}.{at}"
         nested = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
         if nested is None:
             continue

@@ -188,3 +188,11 @@ def test_quantized_collectives_are_tried_only_when_the_experiment_allows_them(tm
     assert quantized and all(r["plan"]["zero_quantized_weights"] for r in quantized)
     assert main(["plan", str(write_experiment(tmp_path, "plain", lambda d: None)), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["plans_evaluated"] == 4380
+
+
+def test_run_and_report_refuse_a_file_given_as_the_output_folder(tmp_path, capsys):
+    a_file = tmp_path / "afile"
+    a_file.write_text("")
+    assert main(["run", str(EXPERIMENT), "--no-proxies", "--json", "--out", str(a_file)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip() == f"error: --out: {a_file} is a file, not a folder"

@@ -63,6 +63,7 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     [
         ("name: s\nparams: {tp: [1], zero: [1]}\n", "params.zero: unknown field"),
         ("name: s\nparams: {}\n", "params: empty space"),
+        ("name: s\nparams: {tp: [1, true]}\n", "params.tp.1: expected a number, got true/false"),
         ("# nothing\n", "empty space"),
         ("name: s\nparams: {micro_batch: [1]}\nmetric: mfu\n", "metric: Input should be"),
     ],

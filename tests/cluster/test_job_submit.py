@@ -129,6 +129,14 @@ def test_unreachable_cluster_fails_fast_in_one_line():
     assert len(lines) == 1 and lines[0].startswith("error: --address: no Ray job API at http://127.0.0.1:")
 
 
+def test_a_timeout_that_is_not_positive_is_refused_before_submitting():
+    proc = _service_cli(dict(os.environ), "submit", "--timeout", "-5", "--",
+                        "python", "-m", "service", "plan", "experiments/llama2-13b-32xh100.yaml")  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "argument --timeout: must be positive, got '-5'" in lines[0]
+
+
 class _BusyHead:
     """A job client whose head answers Ray's 'no agent yet' 500 `busy` times, then takes the job."""
 

@@ -4,6 +4,7 @@ restarted; then `report` rebuilds its memo and `run --json --no-proxies` prints 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,23 @@ def test_report_rebuilds_the_memo_from_the_folder(tiny_run, tmp_path: Path) -> N
     original = Path(tiny_run.result.memo_paths["markdown"]).read_text()
     assert (out / "memo.md").read_text() == original
     assert (out / "memo.html").is_file()
+
+
+def test_report_rebuilds_the_memo_from_the_mlflow_run_id(tiny_run, tmp_path: Path) -> None:
+    out = tmp_path / "from-mlflow"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tiny_run.uri, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "service", "report", tiny_run.result.mlflow_run_id, "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    original = Path(tiny_run.result.memo_paths["markdown"]).read_text()
+    assert (out / "memo.md").read_text() == original
+    assert not list(tmp_path.glob("report-*"))  # the downloaded result is not left behind
 
 
 def test_run_json_is_one_document_with_the_contract_keys(tiny_run, tmp_path: Path) -> None:
