@@ -34,16 +34,16 @@ def summary(result: Any) -> str:
     lines = [result.message]
     p = result.predicted
     if p:
-        for key, unit, scale in (
-            ("tokens_per_s", "tokens/s", 1.0),
-            ("hours", "h", 1.0),
-            ("dollars", "$", 1.0),
-            ("memory_per_gpu_bytes", "GiB/GPU", 2.0**30),
+        for key, label, unit, scale in (
+            ("tokens_per_s", "throughput", "tokens/s", 1.0),
+            ("hours", "time", "h", 1.0),
+            ("dollars", "cost", "$", 1.0),
+            ("memory_per_gpu_bytes", "memory per GPU", "GiB", 2.0**30),
         ):
             v = p[key]
             lo, hi = v["interval"]
             lines.append(
-                f"  {key:<22} {v['value'] / scale:>12,.2f} {unit:<9} "
+                f"  {label:<22} {v['value'] / scale:>12,.2f} {unit:<9} "
                 f"80 %: {lo / scale:,.2f}–{hi / scale:,.2f} [{v['tag']}]"
             )
     err = result.proxy_validation_error.get("activation_bytes_per_rank", {})

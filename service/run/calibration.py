@@ -38,6 +38,10 @@ MEMORY_RULE = (
     f"(floors {MIN_ACTIVATION_ERROR:.0%} / {MIN_STATE_ERROR:.0%}), w = 1 + 0.25·(width + sequence "
     "doublings) + 0.125·(layer + GPU doublings) + 0.5 for another device type"
 )
+NO_PROXY_RULE = (
+    f"no proxy measured: memory total ± {PRIOR_ACTIVATION_ERROR:.0%}·(activations + model state), the "
+    "analytical model's prior error, not widened (there is no proxy to extrapolate from)"
+)
 
 
 def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> Metrics:
@@ -205,9 +209,12 @@ def _doublings(a: float, b: float) -> float:
 
 
 def extrapolation(
-    experiment: ExperimentSpec, proxy_exp: ExperimentSpec, proxy_info: dict[str, Any]
+    experiment: ExperimentSpec, proxy_exp: ExperimentSpec, proxy_info: dict[str, Any], measured: bool = True
 ) -> Extrapolation:
-    """How far the production run lies from the proxies, and the memory-interval widening it earns."""
+    """How far the production run lies from the proxies, and the memory-interval widening it earns.
+
+    With no proxy measured (`measured` False: none asked for, or none ran all its steps) the interval
+    is the prior error alone: the distance to a proxy that measured nothing earns no widening."""
     model, proxy = experiment.model, proxy_exp.proxy
     hidden = model.hidden_size // proxy.hidden_scale
     seq = proxy.seq_len or experiment.workload.seq_len
@@ -220,6 +227,8 @@ def extrapolation(
     other_device = proxy_info.get("gpu") != experiment.cluster.gpu.name
     widening = 1.0 + 0.25 * (d["width"] + d["sequence"]) + 0.125 * (d["layers"] + d["gpus"])
     widening += 0.5 if other_device else 0.0
+    if not measured:
+        widening = 1.0
     return Extrapolation(
         proxy={
             "layers": proxy.num_layers,
@@ -237,7 +246,7 @@ def extrapolation(
         },
         doublings=d,
         widening=widening,
-        rule=MEMORY_RULE,
+        rule=MEMORY_RULE if measured else NO_PROXY_RULE,
     )
 
 

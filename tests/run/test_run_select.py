@@ -43,6 +43,24 @@ def test_budget_too_small_for_any_plan_says_what_binds(tmp_path: Path) -> None:
     assert result.ds_config_path is None and result.launch_command is None
 
 
+def test_without_proxies_the_memory_interval_is_the_prior_error_not_widened(tmp_path: Path) -> None:
+    from service.run.calibration import NO_PROXY_RULE, PRIOR_ACTIVATION_ERROR
+    from service.run.pipeline import Run
+
+    data = yaml.safe_load(EXPERIMENT.read_text())
+    data["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "buffer_dir": str(tmp_path / "pending")}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = Run(path, params=PARAMS, storage_path=tmp_path / "out", run_proxies=False).fit()
+    assert result.extrapolation is not None
+    assert result.extrapolation.widening == 1.0 and result.extrapolation.rule == NO_PROXY_RULE
+    memory = result.predicted["memory_per_gpu_bytes"]
+    low, high = memory["interval"]
+    # total ± 25 % of (activations + model state): never the 0 … 2× a proxy distance would give
+    assert memory["value"] * (1 - PRIOR_ACTIVATION_ERROR) <= low < memory["value"] < high
+    assert high <= memory["value"] * (1 + PRIOR_ACTIVATION_ERROR)
+
+
 def test_deadline_forces_a_costlier_plan() -> None:
     """On one cluster dollars follow hours, so the cheapest plan is also the fastest; across GPU types
     a deadline can rule out the cheap, slow cluster and force the dearer, faster one."""
