@@ -211,12 +211,30 @@ class ProductionRun:
 
         own_ray = ensure_ray(num_cpus=self.plan.num_gpus + 1)  # + the Train controller's
         try:
+            if own_ray:
+                self._check_local_gpus()
             return self._fit()
         finally:
             if own_ray:
                 import ray
 
                 ray.shutdown()
+
+    def _check_local_gpus(self) -> None:
+        """A Ray started here has this machine's GPUs and no autoscaler: a run needing more would wait
+        for them forever, so it is refused in one line. (On a cluster, RAY_ADDRESS, the autoscaler may
+        still add the nodes, and Ray Train waits for them.)"""
+        import ray
+
+        if self.experiment.proxy.device != "cuda":
+            return
+        have = int(ray.cluster_resources().get("GPU", 0))
+        if have < self.plan.num_gpus:
+            raise SpecError(
+                "plan",
+                f"{self.plan.short()} needs {self.plan.num_gpus} GPUs and the local Ray started here has "
+                f"{have}: run it on a cluster (python -m service submit -- python -m service train ...)",
+            )
 
     def _fit(self) -> ProductionResult:
         from service.train.run import classify_failure, read_log

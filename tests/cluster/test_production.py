@@ -53,3 +53,21 @@ def test_unknown_plan_label_is_one_line():
         and proc.stderr.count("\n") == 1
         and "'dp9-nope' is not a valid plan" in proc.stderr
     )
+
+
+@pytest.mark.slow
+def test_a_run_the_local_ray_has_too_few_gpus_for_is_refused_not_left_waiting(tmp_path: Path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from manifest_checks import ROOT
+
+    cmd = [sys.executable, "-m", "service", "train", "experiments/llama2-13b-32xh100.yaml", "--plan",
+           "dp16-tp2-pp1-z1-mb2-ga4-rc:none-sp", "--storage-path", str(tmp_path), "--json"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a Ray of its own
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2 and proc.stdout == ""
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.search(r"needs 32 GPUs and the local Ray started here has \d+", errors[0])
