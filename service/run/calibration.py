@@ -171,10 +171,18 @@ def _rel_errors(pairs: list[tuple[float, float]]) -> list[float]:
     return [abs(p / m - 1.0) for p, m in pairs if m and m > 0 and p > 0]
 
 
-def validation_error(trials: list[Any], loo: dict[str, Metrics], calibrated: bool) -> dict[str, Any]:
+def validation_error(
+    trials: list[Any],
+    loo: dict[str, Metrics],
+    calibrated: bool,
+    time_fitted: bool = False,
+    on_cpu: bool = True,
+) -> dict[str, Any]:
     """Mean |predicted/measured − 1| over the proxies, per quantity, before and after calibration.
 
-    `trials` are `ProxyTrial`s (measured, predicted_prior, predicted_calibrated)."""
+    `trials` are `ProxyTrial`s (measured, predicted_prior, predicted_calibrated); `time_fitted`: the
+    proxies ran on the production device type, so the calibration fitted the time terms too;
+    `on_cpu`: they ran on a CPU (their peak memory is then the process RSS)."""
     ok = [t for t in trials if t.status == "ok" and t.measured]
 
     def err(key: str, side: str) -> float | None:
@@ -196,10 +204,19 @@ def validation_error(trials: list[Any], loo: dict[str, Metrics], calibrated: boo
     ):
         out[key] = {"prior": err(key, "prior"), "calibrated": err(key, "calibrated") if calibrated else None}
     out["activation_bytes_per_rank"]["out_of_sample"] = err("activation_bytes_per_rank", "loo")
+    peak = (
+        "peak memory on CPU is the process RSS (runtime included): shown, not used"
+        if on_cpu
+        else "peak memory is the device's: shown, not used"
+    )
+    tokens = (
+        "tokens/s: the proxies ran on the production device type, so the time terms are fitted on them"
+        if time_fitted
+        else "tokens/s on this device says nothing about the production GPU: shown, not used"
+    )
     out["note"] = (
         "mean |predicted/measured − 1| over the proxies; activations and model state are what the "
-        "calibration uses; peak memory on CPU is the process RSS (runtime included) and tokens/s on CPU "
-        "says nothing about the GPU: both are shown, neither is used"
+        f"calibration uses; {peak}; {tokens}"
     )
     return out
 

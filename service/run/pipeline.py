@@ -154,7 +154,9 @@ class Run:
         calibrated = cal_info["status"] == "calibrated"
         loo = cal.leave_one_out(proxy_exp, trials, prior, source) if calibrated else {}
         proxies = self._proxy_records(proxy_exp, trials, choices, prior, params if calibrated else None)
-        validation = cal.validation_error(proxies, loo, calibrated)
+        validation = cal.validation_error(
+            proxies, loo, calibrated, time_fitted=on_gpu, on_cpu=proxy_info["device"] == "cpu"
+        )
         extrap = cal.extrapolation(spec, proxy_exp, proxy_info, measured=bool(validation.get("n")))
         errors = cal.memory_errors(validation, calibrated)
         clusters = [spec.cluster, *(a.cluster for a in spec.alternatives)]

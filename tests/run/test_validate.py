@@ -84,3 +84,13 @@ def test_choice_covers_the_families_with_distinct_runnable_proxies() -> None:
     assert {"DP + ZeRO-3", "TP in node + ZeRO-1/2", "pipeline"} <= covered  # FAMILIES order
     more, _ = choose(order, exp, len(FAMILIES) + 3)
     assert {f for c in more for f in families_of(c.plan)} == {name for name, _ in FAMILIES}
+
+
+def test_the_proxy_error_note_says_what_the_proxies_could_tell() -> None:
+    from service.run.calibration import validation_error
+
+    gpu_run = validation_error([], {}, calibrated=True, time_fitted=True, on_cpu=False)["note"]
+    assert "time terms are fitted on them" in gpu_run and "device's" in gpu_run
+    assert "says nothing" not in gpu_run and "RSS" not in gpu_run
+    cpu_for_gpu = validation_error([], {}, calibrated=True, time_fitted=False, on_cpu=True)["note"]
+    assert "says nothing about the production GPU" in cpu_for_gpu and "RSS" in cpu_for_gpu
