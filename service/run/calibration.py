@@ -47,7 +47,7 @@ NO_PROXY_RULE = (
 def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> Metrics:
     """The cost model's numbers for a proxy run (per rank), with `params`."""
     from service.costmodel import estimate
-    from service.train.proxy_scale import proxy_cluster, proxy_model, proxy_workload
+    from service.train.proxy_scale import per_rank_metrics, proxy_cluster, proxy_model, proxy_workload
 
     est = estimate(
         proxy_model(exp),
@@ -57,15 +57,7 @@ def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> Me
         memory_headroom=exp.budget.memory_headroom,
         params=params,
     )
-    m = est.memory_per_gpu_bytes
-    return Metrics(
-        tokens_per_s=est.tokens_per_s,
-        step_time_s=est.step_time_s,
-        model_state_bytes_per_rank=m.params + m.grads + m.optimizer + m.cpu_offload,
-        activation_bytes_per_rank=m.activations + m.logits,
-        logits_bytes_per_rank=m.logits,
-        peak_memory_bytes_per_rank=m.total,
-    )
+    return per_rank_metrics(est)
 
 
 def measured_runs(exp: ExperimentSpec, trials: Sequence[TrialRecord], source: str) -> list[Any]:

@@ -8,7 +8,7 @@ planner's prediction and the proxy's measurement describe the same run.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.spec.experiment import ExperimentSpec
 from service.spec.hardware import ClusterSpec
@@ -19,12 +19,16 @@ from service.spec.record import Metrics
 from service.spec.workload import Workload
 from service.train.ds_config import PROXY_OVERLAP_COMM, proxy_precision
 
+if TYPE_CHECKING:
+    from service.costmodel.result import Estimate
+
 # What `predict_proxy` answers: the worker's measured quantities of the same names, and whether it fits.
 PREDICTED_QUANTITIES = (
     "tokens_per_s",
     "step_time_s",
     "model_state_bytes_per_rank",
     "activation_bytes_per_rank",
+    "logits_bytes_per_rank",
     "peak_memory_bytes_per_rank",
     "fits",
 )
@@ -145,12 +149,18 @@ def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> Metrics:
         memory_headroom=experiment.budget.memory_headroom,
         params=proxy_params(),
     )
+    return per_rank_metrics(est)
+
+
+def per_rank_metrics(est: Estimate) -> Metrics:
+    """An estimate as the quantities a proxy worker measures per rank (see `predict_proxy`)."""
     mem = est.memory_per_gpu_bytes
     return Metrics(
         tokens_per_s=est.tokens_per_s,
         step_time_s=est.step_time_s,
         model_state_bytes_per_rank=mem.params + mem.grads + mem.optimizer + mem.cpu_offload,
         activation_bytes_per_rank=mem.activations + mem.logits,
+        logits_bytes_per_rank=mem.logits,
         peak_memory_bytes_per_rank=mem.total,
         fits=float(est.fits),
     )
