@@ -81,26 +81,10 @@ def test_mlflow_parent_run_has_trials_memo_and_selected_plan(tiny_run) -> None:
     assert {"run/memo.md", "run/memo.html", "run/ds_config.json", "run/result.json"} <= names
 
 
-def test_report_rebuilds_the_memo_from_the_folder(tiny_run, tmp_path: Path) -> None:
-    out = tmp_path / "rebuilt"
+def _report(tiny_run, source: str, out: Path, env: dict[str, str] | None = None) -> None:
+    """`service report SOURCE --out OUT` succeeds and rebuilds the tiny run's memo as it was."""
     proc = subprocess.run(
-        [sys.executable, "-m", "service", "report", str(tiny_run.out), "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    original = Path(tiny_run.result.memo_paths["markdown"]).read_text()
-    assert (out / "memo.md").read_text() == original
-    assert (out / "memo.html").is_file()
-
-
-def test_report_rebuilds_the_memo_from_the_mlflow_run_id(tiny_run, tmp_path: Path) -> None:
-    out = tmp_path / "from-mlflow"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tiny_run.uri, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "service", "report", tiny_run.result.mlflow_run_id, "--out", str(out)],
+        [sys.executable, "-m", "service", "report", source, "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -110,6 +94,17 @@ def test_report_rebuilds_the_memo_from_the_mlflow_run_id(tiny_run, tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     original = Path(tiny_run.result.memo_paths["markdown"]).read_text()
     assert (out / "memo.md").read_text() == original
+
+
+def test_report_rebuilds_the_memo_from_the_folder(tiny_run, tmp_path: Path) -> None:
+    out = tmp_path / "rebuilt"
+    _report(tiny_run, str(tiny_run.out), out)
+    assert (out / "memo.html").is_file()
+
+
+def test_report_rebuilds_the_memo_from_the_mlflow_run_id(tiny_run, tmp_path: Path) -> None:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tiny_run.uri, "TMPDIR": str(tmp_path)}
+    _report(tiny_run, tiny_run.result.mlflow_run_id, tmp_path / "from-mlflow", env)
     assert not list(tmp_path.glob("report-*"))  # the downloaded result is not left behind
 
 
