@@ -46,6 +46,14 @@ def summary(result: Any) -> str:
                 f"  {label:<22} {v['value'] / scale:>12,.2f} {unit:<9} "
                 f"80 %: {lo / scale:,.2f}–{hi / scale:,.2f} [{v['tag']}]"
             )
+    fallback = result.memory_fallback
+    if fallback is not None:
+        mem = fallback.memory_per_gpu_bytes
+        lines.append(
+            f"  plan B if memory runs out: {fallback.label}, {mem.value / 2.0**30:.1f} GiB "
+            f"(80 %: {mem.low / 2.0**30:.1f}–{mem.high / 2.0**30:.1f}), {fallback.hours.value:.2f} h, "
+            f"${fallback.dollars.value:,.0f}"
+        )
     err = result.proxy_validation_error.get("activation_bytes_per_rank", {})
     if result.proxy_validation_error.get("n"):
         lines.append(

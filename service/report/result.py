@@ -20,6 +20,8 @@ PUBLISHED = "fit on published runs"  # the shipped parameter set (benchmarks/pub
 CALIBRATED = "calibrated on proxies"
 MEASURED = "measured"
 TAGS = (PRIOR, PUBLISHED, CALIBRATED, MEASURED)
+# A PlanRow status: plan B, for when the choice's memory interval passes the limit.
+MEMORY_FALLBACK = "memory fallback"
 
 
 class Interval(BaseModel):
@@ -192,6 +194,11 @@ class RunResult(BaseModel):
     @property
     def selected(self) -> PlanRow | None:
         return next((r for r in self.rows if r.status == "selected"), None)
+
+    @property
+    def memory_fallback(self) -> PlanRow | None:
+        """Plan B: under the memory limit at its interval's high end, when the selected plan is not."""
+        return next((r for r in self.rows if r.status == MEMORY_FALLBACK), None)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -38,8 +38,8 @@ def risks(result: RunResult) -> list[str]:
         over = "the GPU's memory" if mem.high > sel.hbm_bytes else "the headroom limit"
         out.append(
             f"memory: the interval's high end, {mem.high / GIB:.1f} GiB per GPU, exceeds {over} "
-            f"({sel.memory_limit_bytes / GIB:.1f} GiB limit, {sel.hbm_bytes / GIB:.0f} GiB HBM): run the "
-            "first steps with memory logging before committing the budget"
+            f"({sel.memory_limit_bytes / GIB:.1f} GiB limit, {sel.hbm_bytes / GIB:.1f} GiB HBM): run the "
+            "first steps with memory logging before committing the budget; " + _plan_b(result)
         )
     cal = result.calibration
     if cal.get("status") != "calibrated":
@@ -78,6 +78,18 @@ def risks(result: RunResult) -> list[str]:
             + ", ".join(f"{k} ({v})" for k, v in at_bounds.items())
         )
     return out
+
+
+def _plan_b(result: RunResult) -> str:
+    fallback = result.memory_fallback
+    if fallback is None:
+        return "no plan that meets the budget stays under the limit at its interval's high end"
+    mem = fallback.memory_per_gpu_bytes
+    return (
+        f"if it runs out of memory, run {fallback.label} ({mem.value / GIB:.1f} GiB, 80 %: "
+        f"{mem.low / GIB:.1f}-{mem.high / GIB:.1f}; {fallback.hours.value:.2f} h, "
+        f"${fallback.dollars.value:,.0f}{'; its proxy ran' if fallback.validated else ''})"
+    )
 
 
 def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]:

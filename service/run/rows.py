@@ -7,13 +7,43 @@ from __future__ import annotations
 import numpy as np
 
 from service.plans.select import GIB, OVER_BUDGET, OVER_DEADLINE, OVER_MEMORY, STATUSES
-from service.report.result import CALIBRATED, PRIOR, Interval, PlanRow
+from service.report.result import CALIBRATED, MEMORY_FALLBACK, PRIOR, Interval, PlanRow
 from service.run.decide import FEASIBLE, Scored
 from service.run.validate import FAMILIES, families_of
 from service.spec.workload import Budget
 
 RUNNERS_UP = 5
 STATE_TERMS = ("params", "grads", "optimizer")
+
+
+def memory_spread_bytes(s: Scored, memory_errors: tuple[float, float], widening: float) -> np.ndarray:
+    """Half-width of every plan's memory interval: widening × (e_act · activations + e_state · model
+    state), the rule the memo states under Extrapolation distance (service/run/calibration.py)."""
+    est = s.est
+    e_act, e_state = memory_errors
+    act = est.activations_bytes + est.logits_bytes
+    state = sum(getattr(est, f"{t}_bytes") for t in STATE_TERMS)
+    return np.asarray(widening * (e_act * act + e_state * state), dtype=float)
+
+
+def memory_fallback(
+    s: Scored, chosen: int | None, memory_errors: tuple[float, float], widening: float
+) -> int | None:
+    """Plan B for a choice whose memory interval reaches past the limit: the best plan that meets the
+    budget and stays under the limit even at its interval's high end. None when the choice itself does,
+    or when no such plan exists. An out-of-memory error shows on the first steps, so the memo names
+    this plan in advance instead of trading the choice's cost for a risk that costs minutes to test."""
+    if chosen is None:
+        return None
+    high = s.est.total_bytes + memory_spread_bytes(s, memory_errors, widening)
+    limit = s.est.memory_limit_bytes
+    if high[chosen] <= limit[chosen]:
+        return None
+    status = s.selection.status
+    return next(
+        (int(r) for r in s.selection.order if r != chosen and status[r] in FEASIBLE and high[r] <= limit[r]),
+        None,
+    )
 
 
 def pareto_front(s: Scored) -> list[int]:
@@ -45,6 +75,12 @@ def why(s: Scored, row: int, chosen: int | None, budget: Budget, status: str) ->
     if chosen is None:
         return status
     label = plans.row(chosen).short()
+    if status == MEMORY_FALLBACK:
+        return f"plan B if {label} runs out of memory: under the limit even at its interval's high end; " + (
+            f"${est.dollars[row]:,.0f} vs ${est.dollars[chosen]:,.0f}"
+            if budget.objective == "cost"
+            else f"{est.tokens_per_s[row]:,.0f} tokens/s vs {est.tokens_per_s[chosen]:,.0f}"
+        )
     if status == "less robust":
         return f"best nominal plan but less robust under ±20 % than {label} (see sensitivity)"
     if budget.objective == "cost":
@@ -64,10 +100,7 @@ def plan_row(
     time_tag: str = PRIOR,
 ) -> PlanRow:
     est, plan = s.est, s.plans.row(row)
-    e_act, e_state = memory_errors
-    act = est.activations_bytes[row] + est.logits_bytes[row]
-    state = sum(getattr(est, f"{t}_bytes")[row] for t in STATE_TERMS)
-    spread = widening * (e_act * act + e_state * state)
+    spread = float(memory_spread_bytes(s, memory_errors, widening)[row])
     total = float(est.total_bytes[row])
     mem_tag = CALIBRATED if calibrated else PRIOR
     rank_hits = np.flatnonzero(s.selection.order == row)
@@ -132,6 +165,9 @@ def memo_rows(
     order = [int(r) for r in s.selection.order]
     feasible = [r for r in order if status[r] in FEASIBLE]
     picks: list[int] = [] if chosen is None else [chosen]
+    fallback = memory_fallback(s, chosen, memory_errors, widening)
+    if fallback is not None:
+        picks.append(fallback)
     if nominal is not None and nominal != chosen:
         picks.append(nominal)
     picks += [r for r in feasible if r != chosen][:RUNNERS_UP]
@@ -150,6 +186,8 @@ def memo_rows(
         st = STATUSES[status[r]]
         if r == chosen:
             st = "selected"
+        elif r == fallback:
+            st = MEMORY_FALLBACK
         elif r == nominal or st == "selected":
             st = "less robust"
         reason = why(s, r, chosen, budget, st)

@@ -144,3 +144,51 @@ def test_robust_choice_prefers_a_plan_that_stays_good() -> None:
     assert robust_choice(0, values, np.array([True, False, True]), worst, "cost") == 0  # 1 misses budget
     tokens = -np.array([1000.0, 980.0, 500.0])  # throughput objective: values are −tokens/s
     assert robust_choice(0, tokens, feasible, worst, "throughput") == 1
+
+
+def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
+    from service.plans.select import STATUSES
+    from service.run.decide import FEASIBLE
+    from service.run.rows import memory_fallback, memory_spread_bytes
+
+    s = _score(Budget(objective="cost", max_dollars=1500, max_hours=24))
+    chosen = int(s.selection.order[0])
+    limit = s.est.memory_limit_bytes
+    # errors large enough that the choice's interval passes the limit, small enough that some plan fits
+    errors, widening = (0.25, 0.05), 1.0
+    high = s.est.total_bytes + memory_spread_bytes(s, errors, widening)
+    assert high[chosen] > limit[chosen]
+    fallback = memory_fallback(s, chosen, errors, widening)
+    assert fallback is not None and fallback != chosen
+    assert high[fallback] <= limit[fallback] and s.selection.status[fallback] in FEASIBLE
+    # nothing ranked between the choice and plan B meets the budget and fits at its high end
+    before = list(s.selection.order[: list(s.selection.order).index(fallback)])
+    for r in before:
+        if r != chosen and s.selection.status[r] in FEASIBLE:
+            assert high[r] > limit[r], STATUSES[s.selection.status[r]]
+    # with no model error the choice fits as it is: no plan B
+    assert memory_fallback(s, chosen, (0.0, 0.0), widening) is None
+    assert memory_fallback(s, None, errors, widening) is None
+
+
+def test_run_names_plan_b_when_the_memory_interval_passes_the_limit(tmp_path: Path) -> None:
+    from service.cli.run import summary
+    from service.plans.select import GIB
+    from service.run.pipeline import Run
+
+    data = yaml.safe_load(EXPERIMENT.read_text())
+    data["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "buffer_dir": str(tmp_path / "pending")}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = Run(path, params=PARAMS, storage_path=tmp_path / "out", run_proxies=False).fit()
+    sel, plan_b = result.selected, result.memory_fallback
+    assert sel is not None and plan_b is not None
+    assert sel.memory_per_gpu_bytes.high > sel.memory_limit_bytes
+    assert plan_b.memory_per_gpu_bytes.high <= plan_b.memory_limit_bytes
+    assert plan_b.dollars.value >= sel.dollars.value and plan_b.label != sel.label
+    assert [r.status for r in result.rows[:2]] == ["selected", "memory fallback"]
+    risk = next(r for r in result.risks if r.startswith("memory:"))
+    assert f"if it runs out of memory, run {plan_b.label}" in risk
+    assert f"{plan_b.memory_per_gpu_bytes.high / GIB:.1f}" in risk
+    assert plan_b.label in Path(result.memo_paths["markdown"]).read_text()
+    assert f"plan B if memory runs out: {plan_b.label}" in summary(result)
