@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a(
         "--model",
         required=True,
-        help="Catalog model name (e.g. llama2-13b) or a YAML file of ModelSpec fields.",
+        help="Catalog model name (e.g. llama2-13b), a YAML file of ModelSpec fields, or a Hugging Face "
+        "config.json (the file or its folder; nothing is downloaded).",
     )
     a("--gpu", required=True, help="Catalog GPU name (e.g. h100-sxm-80gb).")
     a("--gpus", type=_positive_int, required=True, help="Total GPUs (a whole number of nodes).")

@@ -29,15 +29,20 @@ def gpu_names() -> list[str]:
 
 @cache
 def load_model(name_or_path: str) -> ModelSpec:
-    """A catalog model by name (`llama2-13b`), or a YAML file of `ModelSpec` fields by path."""
+    """A catalog model by name (`llama2-13b`), a YAML file of `ModelSpec` fields by path, or a Hugging
+    Face `config.json` (the file, or the folder holding it: service/spec/hf_config.py)."""
     from service.spec.experiment import read_yaml
+    from service.spec.hf_config import is_hf_config, load_hf_config
 
     path = CATALOG_DIR / "models" / f"{name_or_path}.yaml"
     if not path.is_file():
+        if is_hf_config(name_or_path):
+            return load_hf_config(name_or_path)
         if not name_or_path.endswith((".yaml", ".yml")):
             raise SpecError(
                 "model",
-                f"unknown model {name_or_path!r}; allowed: {', '.join(model_names())} or a .yaml path",
+                f"unknown model {name_or_path!r}; allowed: {', '.join(model_names())}, a .yaml path "
+                "or a Hugging Face config.json",
             )
         path = Path(name_or_path)
     data = read_yaml(path)

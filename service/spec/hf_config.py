@@ -1,0 +1,133 @@
+"""A `ModelSpec` from a Hugging Face `config.json`: the model a user fine-tunes, given as the config file
+(or the folder holding it) they already have, with nothing downloaded.
+
+`transformers.AutoConfig` reads the file, so each architecture's own names resolve through its config
+class's `attribute_map` (GPT-2's `n_layer`, MPT's `d_model`, ... answer to `num_hidden_layers` and
+`hidden_size`). What `ModelSpec` cannot say is refused with the field named, never approximated:
+mixture-of-experts layers, a `head_dim` other than hidden_size / num_attention_heads, an architecture
+whose MLP kind is not known here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from service.spec.errors import SpecError, validate_as
+from service.spec.model import ModelSpec
+
+# MLPs with a gate: three matrices (SwiGLU; Gemma's GeGLU has the same three shapes and FLOPs).
+GATED_MLP = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "olmo2", "granite", "cohere"}
+    | {"stablelm", "smollm3"}
+)
+# Two-matrix MLPs (up, activation, down; Nemotron's squared ReLU too).
+PLAIN_MLP = frozenset(
+    {"gpt2", "gpt_neo", "gpt_neox", "opt", "bloom", "falcon", "mpt", "gptj", "gpt_bigcode", "starcoder2"}
+    | {"nemotron"}
+)
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def is_hf_config(path: str | Path) -> bool:
+    """A `.json` file, or a folder with a `config.json` in it."""
+    p = Path(path)
+    return p.suffix == ".json" or (p.is_dir() and (p / "config.json").is_file())
+
+
+def load_hf_config(path: str | Path) -> ModelSpec:
+    """Reads a Hugging Face config (file or folder) into a `ModelSpec` named after its folder."""
+    p = Path(path)
+    file = p / "config.json" if p.is_dir() else p
+    if not file.is_file():
+        raise SpecError("model", "no such file", str(path))
+    try:
+        data = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SpecError("model", f"not a JSON file ({err})", str(file)) from None
+    if not isinstance(data, dict):
+        raise SpecError("model", "a config.json holds one JSON object", str(file))
+    name = file.parent.name if file.name == "config.json" else file.stem
+    return model_spec_from_hf(data, name=name or "custom", source=str(file))
+
+
+def _config(data: dict[str, Any], source: str) -> Any:
+    from transformers import AutoConfig
+
+    kind = data.get("model_type")
+    if not isinstance(kind, str):
+        raise SpecError("model_type", "missing: a Hugging Face config.json names its model_type", source)
+    if kind not in GATED_MLP | PLAIN_MLP:
+        known = ", ".join(sorted(GATED_MLP | PLAIN_MLP))
+        raise SpecError(
+            "model_type",
+            f"{kind!r}: MLP kind unknown here; known: {known}; or write a ModelSpec YAML",
+            source,
+        )
+    fields = {k: v for k, v in data.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(kind, **fields)
+    except Exception as err:  # transformers and huggingface_hub validators raise their own types
+        why = " ".join(str(getattr(err, "__cause__", None) or err).split())[:200]
+        raise SpecError("config", f"transformers refuses this {kind} config: {why}", source) from None
+
+
+def _ffn_hidden_size(cfg: Any) -> int:
+    for key in ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim"):
+        value = getattr(cfg, key, None)
+        if value:
+            return int(value)
+    ratio = getattr(cfg, "expansion_ratio", None)  # MPT
+    return int(ratio * cfg.hidden_size) if ratio else 4 * int(cfg.hidden_size)
+
+
+def _kv_heads(cfg: Any) -> int | None:
+    for key in ("num_key_value_heads", "num_kv_heads"):
+        value = getattr(cfg, key, None)
+        if value:
+            return int(value)
+    if getattr(cfg, "multi_query", False):
+        return 1
+    attn = getattr(cfg, "attn_config", None)  # MPT
+    value = attn.get("kv_n_heads") if isinstance(attn, dict) else getattr(attn, "kv_n_heads", None)
+    return int(value) if value else None
+
+
+def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str | None = None) -> ModelSpec:
+    """`ModelSpec` fields from a config.json's dict (see the module docstring for what is refused).
+
+    Example:
+        >>> spec = model_spec_from_hf({"model_type": "llama", "num_hidden_layers": 40, "hidden_size": 5120,
+        ...     "num_attention_heads": 40, "intermediate_size": 13824, "vocab_size": 32000}, "llama-2-13b")
+        >>> spec.mlp, spec.kv_heads, round(spec.num_params / 1e9, 2)
+        ('swiglu', 40, 13.02)
+    """
+    where = source or name
+    for key in EXPERT_KEYS:
+        experts = data.get(key)
+        if isinstance(experts, int) and experts > 1:
+            raise SpecError(key, f"{experts} experts: mixture-of-experts layers are not modelled", where)
+    cfg = _config(data, where)
+    mlp = "swiglu" if cfg.model_type in GATED_MLP else "gelu"
+    hidden, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
+    head_dim = getattr(cfg, "head_dim", None)
+    if head_dim and heads and int(head_dim) * heads != hidden:
+        raise SpecError(
+            "head_dim",
+            f"{head_dim} × {heads} heads ≠ hidden_size {hidden}: ModelSpec ties head_dim to "
+            "hidden_size / num_attention_heads",
+            where,
+        )
+    fields = {
+        "name": name,
+        "num_layers": cfg.num_hidden_layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": _kv_heads(cfg),
+        "ffn_hidden_size": _ffn_hidden_size(cfg),
+        "vocab_size": cfg.vocab_size,
+        "mlp": mlp,
+        "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
+    }
+    return validate_as(ModelSpec, fields, where)

@@ -1,0 +1,147 @@
+"""A Hugging Face config.json as the model: the shapes, parameter counts and refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.catalog import load_model
+from service.spec.errors import SpecError
+from service.spec.hf_config import load_hf_config, model_spec_from_hf
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The fields of the published config.json files (meta-llama/Llama-2-13b-hf, mistralai/Mistral-7B-v0.1,
+# openai-community/gpt2-xl, mosaicml/mpt-7b), as far as the shapes go.
+LLAMA2_13B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 5120,
+    "intermediate_size": 13824,
+    "num_attention_heads": 40,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 40,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-05,
+    "torch_dtype": "float16",
+}
+MISTRAL_7B = {
+    "model_type": "mistral",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+    "sliding_window": 4096,
+}
+GPT2_XL = {
+    "model_type": "gpt2",
+    "n_embd": 1600,
+    "n_head": 25,
+    "n_layer": 48,
+    "n_ctx": 1024,
+    "vocab_size": 50257,
+}
+MPT_7B = {
+    "model_type": "mpt",
+    "d_model": 4096,
+    "n_heads": 32,
+    "n_layers": 32,
+    "expansion_ratio": 4,
+    "vocab_size": 50432,
+    "attn_config": {"attn_type": "multihead_attention", "alibi": True},
+}
+
+
+def _write(folder: Path, data: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_llama2_13b_config_is_the_catalog_model(tmp_path: Path) -> None:
+    folder = _write(tmp_path / "Llama-2-13b-hf", LLAMA2_13B)
+    spec = load_hf_config(folder)
+    catalog = load_model("llama2-13b")
+    assert spec.name == "Llama-2-13b-hf"
+    assert spec.model_dump(exclude={"name"}) == catalog.model_dump(exclude={"name"})
+    assert spec.num_params == 13_015_864_320  # what transformers counts for Llama-2-13b-hf
+    assert load_model(str(folder / "config.json")) == spec  # the file or its folder
+
+
+def test_grouped_query_and_plain_mlp_architectures() -> None:
+    mistral = model_spec_from_hf(MISTRAL_7B, "mistral-7b")
+    assert (mistral.kv_heads, mistral.mlp, mistral.tie_word_embeddings) == (8, "swiglu", False)
+    assert mistral.num_params == 7_241_732_096  # Mistral-7B-v0.1's parameter count
+    gpt2 = model_spec_from_hf(GPT2_XL)  # GPT-2's own names: n_layer, n_embd, n_head; n_inner unset = 4h
+    assert (gpt2.num_layers, gpt2.hidden_size, gpt2.num_attention_heads) == (48, 1600, 25)
+    assert (gpt2.ffn_hidden_size, gpt2.mlp, gpt2.tie_word_embeddings) == (6400, "gelu", True)
+    mpt = model_spec_from_hf(MPT_7B)  # MPT's d_model, n_layers, expansion_ratio
+    assert (mpt.num_layers, mpt.hidden_size, mpt.ffn_hidden_size, mpt.kv_heads) == (32, 4096, 16384, 32)
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        ({**MISTRAL_7B, "model_type": "mixtral", "num_local_experts": 8}, "num_local_experts", "experts"),
+        (
+            {"model_type": "gemma", "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 16}
+            | {"head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000},
+            "head_dim",
+            "256 × 16 heads",
+        ),
+        ({**LLAMA2_13B, "model_type": "t5"}, "model_type", "MLP kind unknown"),
+        ({k: v for k, v in LLAMA2_13B.items() if k != "model_type"}, "model_type", "missing"),
+        ({**LLAMA2_13B, "hidden_size": 5121}, "config", "not a multiple of the number of attention heads"),
+    ],
+)
+def test_what_model_spec_cannot_say_is_refused_naming_the_field(data: dict, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as err:
+        model_spec_from_hf(data, source="config.json")
+    assert field in str(err.value) and words in str(err.value)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
+def test_a_broken_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(SpecError, match="not a JSON file"):
+        load_model(str(tmp_path / "config.json"))
+    with pytest.raises(SpecError, match="no such file"):
+        load_model(str(tmp_path / "missing.json"))
+
+
+def test_estimate_and_experiments_take_a_config(tmp_path: Path) -> None:
+    folder = _write(tmp_path / "llama-2-13b", LLAMA2_13B)
+    flags = ["--gpu", "h100-sxm-80gb", "--gpus", "32", "--zero", "3", "--micro-batch", "1", "--json"]
+
+    def estimate(model: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-m", "service", "estimate", "--model", model, *flags],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        )
+        return json.loads(out.stdout)
+
+    from_config, from_catalog = estimate(str(folder)), estimate("llama2-13b")
+    assert from_config["tokens_per_s"] == from_catalog["tokens_per_s"] > 0
+    assert from_config["memory_per_gpu_bytes"] == from_catalog["memory_per_gpu_bytes"]
+
+    import yaml
+
+    from service.spec import load_experiment
+
+    data = yaml.safe_load((REPO / "experiments" / "llama2-13b-32xh100.yaml").read_text())
+    data["model"] = str(folder / "config.json")
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_experiment(path).model.num_params == 13_015_864_320
