@@ -26,15 +26,20 @@ def _score(budget: Budget, cluster: ClusterSpec | None = None, model: str = "lla
     return score(load_model(model), cluster or spec.cluster, WORKLOAD, budget, PARAMS, GoodputSpec())
 
 
-def test_budget_too_small_for_any_plan_says_what_binds(tmp_path: Path) -> None:
+def _run_without_proxies(tmp_path: Path, **budget: float):
+    """`run` on the seed experiment with the analytical prior and no proxies, tracked under tmp_path."""
     from service.run.pipeline import Run
 
     data = yaml.safe_load(EXPERIMENT.read_text())
-    data["budget"]["max_dollars"] = 20
+    data["budget"].update(budget)
     data["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "buffer_dir": str(tmp_path / "pending")}
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(data))
-    result = Run(path, params=PARAMS, storage_path=tmp_path / "out", run_proxies=False).fit()
+    return Run(path, params=PARAMS, storage_path=tmp_path / "out", run_proxies=False).fit()
+
+
+def test_budget_too_small_for_any_plan_says_what_binds(tmp_path: Path) -> None:
+    result = _run_without_proxies(tmp_path, max_dollars=20)
     assert result.selected_plan is None and result.predicted == {}
     assert result.binding_constraint == "max_dollars"
     assert "no plan meets the budget" in result.message and "$20" in result.message
@@ -45,13 +50,8 @@ def test_budget_too_small_for_any_plan_says_what_binds(tmp_path: Path) -> None:
 
 def test_without_proxies_the_memory_interval_is_the_prior_error_not_widened(tmp_path: Path) -> None:
     from service.run.calibration import NO_PROXY_RULE, PRIOR_ACTIVATION_ERROR
-    from service.run.pipeline import Run
 
-    data = yaml.safe_load(EXPERIMENT.read_text())
-    data["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "buffer_dir": str(tmp_path / "pending")}
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(data))
-    result = Run(path, params=PARAMS, storage_path=tmp_path / "out", run_proxies=False).fit()
+    result = _run_without_proxies(tmp_path)
     assert result.extrapolation is not None
     assert result.extrapolation.widening == 1.0 and result.extrapolation.rule == NO_PROXY_RULE
     memory = result.predicted["memory_per_gpu_bytes"]
@@ -174,13 +174,8 @@ def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
 def test_run_names_plan_b_when_the_memory_interval_passes_the_limit(tmp_path: Path) -> None:
     from service.cli.run import summary
     from service.plans.select import GIB
-    from service.run.pipeline import Run
 
-    data = yaml.safe_load(EXPERIMENT.read_text())
-    data["tracking"] = {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "buffer_dir": str(tmp_path / "pending")}
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(data))
-    result = Run(path, params=PARAMS, storage_path=tmp_path / "out", run_proxies=False).fit()
+    result = _run_without_proxies(tmp_path)
     sel, plan_b = result.selected, result.memory_fallback
     assert sel is not None and plan_b is not None
     assert sel.memory_per_gpu_bytes.high > sel.memory_limit_bytes
