@@ -90,7 +90,10 @@ def scalar_s_per_plan(
 
 
 def best(ranking: Any) -> dict[str, Any]:
-    row = int(ranking.selection.order[0])
+    return best_row(ranking, int(ranking.selection.order[0]))
+
+
+def best_row(ranking: Any, row: int) -> dict[str, Any]:
     est = ranking.estimates
     return {
         "plan": ranking.enumeration.plans.row(row).short(),
@@ -138,6 +141,18 @@ def main(argv: list[str] | None = None) -> int:
         for engines in [(e,) for e in ENGINES] + [ENGINES]:
             key = f"{engines[0] if len(engines) == 1 else 'all_engines'} {precision}"
             answers[key] = best(rank(m, c, w, engines, (precision,)))  # type: ignore[arg-type]
+    # The best 3D layout (tp > 1 and pp > 1) of the DeepSpeed bf16 ranking, and its gap to the best.
+    ranking = rank(m, c, w, ("deepspeed",), ("bf16",))
+    plans = ranking.enumeration.plans
+    rows = [int(r) for r in ranking.selection.order if plans.tp[r] > 1 and plans.pp[r] > 1]
+    if rows:
+        first = int(ranking.selection.order[0])
+        answers["deepspeed bf16 3D"] = {
+            **best_row(ranking, rows[0]),
+            "behind_best": round(
+                1 - float(ranking.estimates.tokens_per_s[rows[0]] / ranking.estimates.tokens_per_s[first]), 4
+            ),
+        }
     results["answer_llama3_70b_1024xh100"] = answers
     print("70B / 1,024 H100, seq 8192:", json.dumps(results["answer_llama3_70b_1024xh100"], indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,8 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("ZeRO stage too high with tp > 1", "zero_stage", "with tp > 1 "),
     ("offload on an engine without it", "offload_optimizer", " does not offload"),
     ("offload of optimizer or parameters alone", "offload_params", "offloads optimizer and parameters"),
+    ("cp with pp on an engine without it", "cp", "needs pp = 1"),
+    ("cp with sequence_parallel on an engine without it", "cp", "needs sequence_parallel off"),
     ("comm_overlap on an engine without it", "comm_overlap", "needs engine"),
     ("tp_comm_overlap on an engine without it", "tp_comm_overlap", "needs engine"),
     ("sequence_parallel without tp", "sequence_parallel", "sequence parallelism needs tp > 1"),
@@ -54,9 +56,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-17 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-19 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:18])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:20])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -77,6 +79,9 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
     zero_plus_plus = hpz | p.zero_quantized_weights | p.zero_quantized_gradients
     has_stage = np.array([[z in engine_rules(e).zero_stages for z in range(4)] for e in ENGINE_CODES])
     offload = np.asarray(p.engine_column("offload"))
+    cp_rules = [engine_rules(e).context_parallel for e in ENGINE_CODES]
+    cp_with_pipeline = np.array([r.with_pipeline for r in cp_rules])
+    cp_with_sp = np.array([r.with_sequence_parallel for r in cp_rules])
     return [
         p.offload_params & (p.zero_stage != 3),
         p.offload_optimizer & (p.zero_stage == 0),
@@ -89,6 +94,8 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         (p.tp > 1) & (p.zero_stage > p.engine_column("max_zero_stage_with_tp")),
         (offload == "none") & (p.offload_optimizer | p.offload_params),
         (offload == "together") & (p.offload_optimizer != p.offload_params),
+        (p.cp > 1) & (p.pp > 1) & ~cp_with_pipeline[p.engine],
+        (p.cp > 1) & p.sequence_parallel & ~cp_with_sp[p.engine],
         p.comm_overlap & ~p.engine_column("comm_overlap"),
         p.tp_comm_overlap & ~p.engine_column("tp_comm_overlap"),
         p.sequence_parallel & (p.tp == 1),

@@ -38,6 +38,8 @@ class ContextParallelRule(BaseModel):
     style: ContextStyle
     heads_divisible: bool  # (attention heads / tp) % cp must be 0
     seq_chunks_per_rank: int = Field(gt=0)  # seq_len % (cp · this) must be 0
+    with_pipeline: bool  # cp > 1 together with pp > 1
+    with_sequence_parallel: bool  # cp > 1 together with Megatron sequence parallelism
 
 
 class EngineRules(BaseModel):

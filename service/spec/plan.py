@@ -219,6 +219,13 @@ def _engine_problem(plan: Plan) -> tuple[str, str] | None:
     if rules.offload == "together" and plan.offload_optimizer != plan.offload_params:
         why = rules.reason("offload", "")
         return "offload_params", f"{why}; {name} offloads optimizer and parameters together"
+    cp_rule = rules.context_parallel
+    if plan.cp > 1 and plan.pp > 1 and not cp_rule.with_pipeline:
+        why = rules.reason("context_parallel", f"{name} runs cp without a pipeline")
+        return "cp", f"{why}; with cp > 1 {name} needs pp = 1"
+    if plan.cp > 1 and plan.sequence_parallel and not cp_rule.with_sequence_parallel:
+        why = rules.reason("context_parallel", f"{name} runs cp without sequence parallelism")
+        return "cp", f"{why}; with cp > 1 {name} needs sequence_parallel off"
     for flag, what in (("comm_overlap", "Megatron-Core's overlaps"), ("tp_comm_overlap", "TE userbuffers")):
         if getattr(plan, flag) and not getattr(rules, flag):
             need = " or ".join(engines_with(flag))

@@ -79,7 +79,7 @@ def test_estimate_table_output(capsys):
         (["--pp", "3"], ["--pp", "allowed --pp for this model and cluster: 1, 2, 4, 8, 16, 32"]),
         (["--gpus", "12"], ["--gpus", "not a whole number of nodes", "allowed: a multiple of 8"]),
         (["--gpu", "h900"], ["--gpu", "unknown GPU 'h900'", "allowed: a100-sxm-40gb"]),
-        (["--model", "llama9"], ["--model", "unknown model 'llama9'", "allowed: gpt3-175b"]),
+        (["--model", "llama9"], ["--model", "unknown model 'llama9'", "allowed: codellama-34b, gpt3-175b"]),
         (["--zero", "2", "--pp", "2"], ["--zero", "zero_stage 0 or 1 only"]),
         (["--offload-params", "--zero", "2"], ["--offload-params", "needs zero_stage 3"]),
         (["--sequence-parallel"], ["--sequence-parallel", "needs tp > 1"]),
@@ -173,18 +173,22 @@ def test_engine_and_virtual_stages_flags(capsys):
 
 
 def test_cp_flag_splits_the_sequence(capsys):
-    flags = ["--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--gpus", "64", "--tp", "8", "--pp", "2"]
+    flags = ["--model", "llama3-70b", "--gpu", "h100-sxm-80gb", "--gpus", "64", "--tp", "8", "--pp", "1"]
     flags += ["--zero", "1", "--grad-accum", "16", "--seq-len", "32768", "--recompute", "full"]
     one, two = run_json(capsys, *flags), run_json(capsys, *flags, "--cp", "2")
-    assert two["label"] == "dp2-tp8-pp2-cp2-z1-mb1-ga16-rc:full" and two["plan"]["cp"] == 2
-    assert two["inputs"]["global_batch_sequences"] == 32 == one["inputs"]["global_batch_sequences"] // 2
+    assert two["label"] == "dp4-tp8-pp1-cp2-z1-mb1-ga16-rc:full" and two["plan"]["cp"] == 2
+    assert two["inputs"]["global_batch_sequences"] == 64 == one["inputs"]["global_batch_sequences"] // 2
     activations = two["memory_per_gpu_bytes"]["activations"] / one["memory_per_gpu_bytes"]["activations"]
     assert activations == pytest.approx(0.5)
     assert two["time_breakdown_s"]["cp_comm"] > 0 == one["time_breakdown_s"]["cp_comm"]
     # Ulysses needs whole heads per rank: 64 heads / tp 8 = 8, so cp 16 is refused, naming the flag.
-    assert main(["estimate", *flags, "--gpus", "128", "--pp", "1", "--cp", "16", "--grad-accum", "1"]) == 2
+    assert main(["estimate", *flags, "--gpus", "128", "--cp", "16", "--grad-accum", "1"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--cp" in err and "8 attention heads per TP rank" in err
+    # The service's DeepSpeed runs Ulysses without a pipeline: --cp 2 with --pp 2 names --cp.
+    assert main(["estimate", *flags, "--pp", "2", "--cp", "2", "--grad-accum", "16"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--cp" in err and "needs pp = 1" in err
 
 
 def test_zero_plus_plus_and_shard_group_flags(capsys):

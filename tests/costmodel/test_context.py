@@ -17,9 +17,10 @@ CLUSTER = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
 def _estimate(
     cp: int, engine: str = "deepspeed", seq: int = 32768, dp: int | None = None, recompute: str = "full", **kw
 ):
-    dp = dp or 64 // (8 * 2 * cp)
+    pp = 1 if engine == "deepspeed" else 2  # the service's DeepSpeed runs Ulysses cp without a pipeline
+    dp = dp or 64 // (8 * pp * cp)
     plan = Plan(
-        dp=dp, tp=8, pp=2, cp=cp, zero_stage=1, grad_accum=16, recompute=recompute, engine=engine, **kw
+        dp=dp, tp=8, pp=pp, cp=cp, zero_stage=1, grad_accum=16, recompute=recompute, engine=engine, **kw
     )
     workload = Workload(seq_len=seq, global_batch_sequences=16 * dp, tokens_to_train=1e9)
     return estimate(LLAMA3_70B, CLUSTER, plan, workload, params=PRIOR)
@@ -42,17 +43,18 @@ def test_each_engine_has_its_context_parallel_rule():
     )
     ulysses_ok = ring.model_copy(update={"engine": "deepspeed"})
     assert plan_problem(ulysses_ok, LLAMA3_70B, workload=workload) is None
-    assert Plan(dp=2, tp=8, pp=2, cp=2).num_gpus == 64
-    assert Plan(dp=2, tp=8, pp=2, cp=2).short() == "dp2-tp8-pp2-cp2-z0-mb1-ga1-rc:none"
+    four_d = Plan(dp=2, tp=8, pp=2, cp=2, engine="megatron")  # the service's DeepSpeed takes cp at pp 1
+    assert four_d.num_gpus == 64
+    assert four_d.short() == "megatron:dp2-tp8-pp2-cp2-z0-mb1-ga1-rc:none"
 
 
 def test_activations_and_model_states_of_a_context_parallel_rank():
-    one, two = _estimate(1, dp=4), _estimate(2, dp=2)
+    one, two = _estimate(1, dp=8), _estimate(2, dp=4)
     m1, m2 = one.memory_per_gpu_bytes, two.memory_per_gpu_bytes
     assert m2.activations == pytest.approx(m1.activations / 2)  # each rank keeps half the tokens
     assert m2.logits == pytest.approx(m1.logits / 2)
     assert m2.params == m1.params
-    # ZeRO-1 shards the optimizer over dp·cp = 4 ranks either way (DeepSpeed's sequence-data group).
+    # ZeRO-1 shards the optimizer over dp·cp = 8 ranks either way (DeepSpeed's sequence-data group).
     assert m2.optimizer == pytest.approx(m1.optimizer)
     # Transient buffers: Ulysses' all-to-all output, q, k, v, o of 16,384 tokens ((2·8192 + 2·1024)/8
     # elements per token, bf16); ring attention's two K/V receive buffers.
@@ -68,7 +70,7 @@ def test_ulysses_moves_four_activations_per_layer_each_way():
     e = _estimate(2)
     tokens = 32768 / 2
     one = comm.all_gather_time_s(tokens * (2 * 8192 + 2 * 1024) / 8 * 2, 2, 8, 8, H100, 4.0, comm.PRIOR)
-    assert e.time_breakdown_s.cp_comm == pytest.approx(16 * 40 * 3 * float(one))
+    assert e.time_breakdown_s.cp_comm == pytest.approx(16 * 80 * 3 * float(one))  # 80 layers, pp 1
     mha = load_model("llama2-70b").model_copy(update={"num_key_value_heads": 64})
     assert float(context.qkvo_bytes(mha, 100.0, 1, 2)) == 4 * 100 * 8192 * 2
 
@@ -105,10 +107,10 @@ def test_ulysses_saves_the_o_proj_input_and_repeated_kv_heads():
 def test_ulysses_terms_leave_with_the_attention_sub_block():
     """The extra tensors are the attention sub-block's: selective recompute drops them with it; full
     recompute keeps only block inputs, whatever the cp style."""
-    deepspeed = _estimate(2, dp=2, seq=4096, recompute="none").memory_per_gpu_bytes.activations
-    megatron = _estimate(2, dp=2, seq=4096, engine="megatron", recompute="none").memory_per_gpu_bytes
+    deepspeed = _estimate(2, seq=4096, recompute="none").memory_per_gpu_bytes.activations
+    megatron = _estimate(2, seq=4096, engine="megatron", recompute="none").memory_per_gpu_bytes
     assert deepspeed > megatron.activations
     # Selective: a Ulysses rank's activations are exactly those of its half of the tokens without cp.
-    sel_cp2 = _estimate(2, dp=2, seq=4096, recompute="selective").memory_per_gpu_bytes.activations
-    sel_cp1 = _estimate(1, dp=4, seq=4096, recompute="selective").memory_per_gpu_bytes.activations
+    sel_cp2 = _estimate(2, dp=4, seq=4096, recompute="selective").memory_per_gpu_bytes.activations
+    sel_cp1 = _estimate(1, dp=8, seq=4096, recompute="selective").memory_per_gpu_bytes.activations
     assert 2 * sel_cp2 == pytest.approx(sel_cp1, rel=1e-12)

@@ -44,8 +44,8 @@ def test_proxy_plan_keeps_the_structure_on_two_workers() -> None:
 
 def test_proxy_plan_keeps_cp_and_hpz_and_drops_what_cannot_run_on_cpu() -> None:
     exp, _ = design_proxy(EXPERIMENT, "cpu")
-    cp = proxy_plan_for(Plan(dp=8, tp=2, pp=2, cp=2, zero_stage=1, micro_batch=1, grad_accum=32), exp)
-    # 2 workers: tp 2 first, so no room for cp; the pipeline is dropped with it
+    cp = proxy_plan_for(Plan(dp=8, tp=2, cp=2, zero_stage=1, micro_batch=1, grad_accum=16), exp)
+    # 2 workers: tp 2 first, so no room for cp
     assert (cp.dp, cp.tp, cp.pp, cp.cp) == (1, 2, 1, 1)
     ulysses = proxy_plan_for(Plan(dp=16, cp=2, zero_stage=3, micro_batch=1, grad_accum=4), exp)
     assert (ulysses.dp, ulysses.cp, ulysses.pp) == (1, 2, 1) and proxy_plan_problem(exp, ulysses) is None

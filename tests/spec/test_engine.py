@@ -99,6 +99,27 @@ def test_the_overlaps_belong_to_megatron_and_need_sequence_parallel():
         Plan(dp=4, tp=2, sequence_parallel=True, tp_comm_overlap=True, engine="fsdp")
 
 
+def test_deepspeed_cp_runs_without_a_pipeline_or_sequence_parallelism_as_the_trainer_builds_it():
+    import torch
+
+    from service.catalog import load_model
+    from service.train.model import _build_context_parallel
+
+    rule = engine_rules("deepspeed").context_parallel
+    assert not rule.with_pipeline and not rule.with_sequence_parallel
+    with pytest.raises(ValueError, match=r"cp: .*Ulysses attention without a pipeline.*needs pp = 1"):
+        Plan(dp=2, pp=2, cp=2)
+    with pytest.raises(ValueError, match=r"cp: .*needs sequence_parallel off"):
+        Plan(dp=2, tp=2, cp=2, sequence_parallel=True)
+    # What the rule stands for: the trainer (proxies and `service train`) refuses both before building.
+    for fields in ({"pp": 2}, {"tp": 2, "sequence_parallel": True}):
+        plan = Plan.model_construct(**{**Plan(dp=2, cp=2).model_dump(), **fields})
+        with pytest.raises(ValueError, match="context-parallel proxies run with pp = 1"):
+            _build_context_parallel(load_model("llama2-7b"), 0, plan, torch.float32)
+    for engine in ("megatron", "fsdp"):  # Megatron-Core and torchtitan compose cp with pp and SP
+        assert Plan(dp=2, tp=2, pp=2, cp=2, sequence_parallel=True, engine=engine).cp == 2
+
+
 def test_catalog_holds_exactly_the_engines_the_plan_type_names():
     files = {p.stem for p in (Path(__file__).parents[2] / "service" / "catalog" / "engines").glob("*.yaml")}
     assert files == set(ENGINES)
