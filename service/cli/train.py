@@ -1,10 +1,15 @@
 """`python -m service train EXPERIMENT.yaml [--plan selected|LABEL] [--steps N] [--storage-path DIR]
-[--max-failures K] [--json]`
+[--checkpoint-every N] [--max-failures K] [--json]`
 
 The production run: Ray Train runs the chosen plan (default: the planner's selection; a label as
 `service plan` prints it) at full scale with the proxies' worker, checkpointing to DIR (default
 $SERVICE_STORAGE_PATH, else <repo>/ray_results/production; on a cluster, its shared storage) and
-resuming from the latest checkpoint after a lost worker or node, up to K times. The driver logs every
+resuming from the latest checkpoint after a lost worker or node, up to K times. It checkpoints after
+the last step and every N steps (default: Young's interval over the predicted step time, the memo's
+goodput section). It trains the experiment's model from random initialisation on the proxy section's
+`data` (seeded synthetic tokens by default, or a file of token ids): it proves the layout, memory and
+speed at full scale; fine-tuning your own weights goes through your training script with the
+DeepSpeed config `run` writes. The driver logs every
 step to MLflow and shows one progress line on stderr. On a CPU machine it runs the tiny experiment at
 its own full scale. Exit 0 when the run finished, 1 when it failed, 2 for bad input (one line).
 """
@@ -15,12 +20,20 @@ import argparse
 import json
 import sys
 
+from service.cli.args import positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help="Experiment YAML.")
     parser.add_argument("--plan", default="selected", help="'selected' (default) or a plan label.")
     parser.add_argument("--steps", type=int, help="Optimizer steps (default: the workload's).")
     parser.add_argument("--storage-path", help="Checkpoints and step log (the cluster's shared storage).")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=positive_int,
+        metavar="N",
+        help="Steps between checkpoints (default: Young's interval; the last step is always saved).",
+    )
     parser.add_argument("--max-failures", type=int, default=3, help="Restarts after a lost worker/node.")
     parser.add_argument("--json", action="store_true", help="Print one JSON document on stdout.")
 
@@ -34,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         args.plan,
         steps=args.steps,
         storage_path=args.storage_path,
+        checkpoint_every=args.checkpoint_every,
         max_failures=args.max_failures,
         progress=True,
     )

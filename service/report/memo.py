@@ -8,6 +8,7 @@ shipped one), [calibrated] the cost model after calibration on the proxies, [mea
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +286,11 @@ def goodput(r: RunResult) -> list[Block]:
             f"Young/Daly {g.young_daly_interval_hours:.1f} h, capped at the run",
         ],
         ["restart", f"{g.restart_minutes:g} min", "assumption"],
-        ["expected interruptions", f"{g.expected_interruptions:.2f}", ""],
+        [
+            "expected interruptions",
+            f"{g.expected_interruptions:.2g}",
+            f"chance of at least one: {1 - math.exp(-g.expected_interruptions):.1%} (Poisson)",
+        ],
         [
             "time lost",
             f"{g.checkpoint_hours + g.lost_work_hours + g.restart_hours:.2f} h",
@@ -323,11 +328,36 @@ def sensitivity(r: RunResult) -> list[Block]:
     ]
 
 
+def own_script_note(r: RunResult) -> str:
+    """What a training script must do for the shipped config to hold: DeepSpeed checks train_batch_size
+    against micro-batch × accumulation × its data-parallel size, which is the world size unless the
+    script passes an `mpu` (tensor-parallel groups) or a PipelineModule."""
+    plan = r.selected_plan or {}
+    tp, pp, cp, dp = (int(plan.get(k, 1)) for k in ("tp", "pp", "cp", "dp"))
+    if tp == pp == cp == 1:
+        return ""
+    parts = [f"{tp}-way tensor-parallel layers and passes their `mpu`"] if tp > 1 else []
+    parts += [f"a {pp}-stage `PipelineModule`"] if pp > 1 else []
+    parts += [f"{cp}-way Ulysses attention"] if cp > 1 else []
+    return (
+        f" (train.py builds {' and '.join(parts)} to deepspeed.initialize: the config's train_batch_size "
+        f"counts dp = {dp} ranks, not all {dp * tp * pp * cp})"
+    )
+
+
 def outputs(r: RunResult) -> list[Block]:
     blocks: list[Block] = [("h2", "Outputs")]
-    items = [f"DeepSpeed config (full scale): {r.ds_config_path}", f"launch: `{r.launch_command}`"]
+    launch = f"launch: `{r.launch_command}`"
+    if r.launch_command and "service train" in r.launch_command:
+        launch += (
+            " — it runs this plan at full scale from random initialisation on the experiment's "
+            "`proxy.data` tokens (seeded synthetic unless it names a token file), checkpointing at Young's "
+            "interval and after the last step: it proves the layout, memory and speed; fine-tuning your "
+            "own weights goes through your training script, below"
+        )
+    items = [f"DeepSpeed config (full scale): {r.ds_config_path}", launch]
     if r.deepspeed_command and r.deepspeed_command != r.launch_command:
-        items.append(f"or with your own training script: `{r.deepspeed_command}`")
+        items.append(f"or with your own training script: `{r.deepspeed_command}`" + own_script_note(r))
     if r.mlflow_run_id:
         items.append(f"MLflow parent run {r.mlflow_run_id} ({r.tracking_uri}); proxy trials are its children")
     blocks.append(("ul", [i for i in items if "None" not in i]))

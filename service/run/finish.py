@@ -39,7 +39,8 @@ def risks(result: RunResult) -> list[str]:
         out.append(
             f"memory: the interval's high end, {mem.high / GIB:.1f} GiB per GPU, exceeds {over} "
             f"({sel.memory_limit_bytes / GIB:.1f} GiB limit, {sel.hbm_bytes / GIB:.1f} GiB HBM): run the "
-            "first steps with memory logging before committing the budget; " + _plan_b(result)
+            "first two steps with memory logging before committing the budget (Adam's states are allocated "
+            "at the first optimizer step); " + _plan_b(result)
         )
     cal = result.calibration
     if cal.get("status") != "calibrated":

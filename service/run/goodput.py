@@ -18,19 +18,14 @@ from __future__ import annotations
 import numpy as np
 
 from service.report.result import Goodput
-from service.spec.model import ModelSpec
-from service.spec.production import GoodputSpec
+from service.spec.production import GoodputSpec, checkpoint_bytes
+
+__all__ = ["RULE", "checkpoint_bytes", "goodput_record", "wall_hours"]
 
 RULE = (
     "W = H·(1 + C/τ + (τ/2 + R + C)/M), τ = min(sqrt(2·C·M), H) (Young/Daly); M = 1/(λ·N); "
     "C = checkpoint bytes / storage bandwidth; R = restart time"
 )
-
-
-def checkpoint_bytes(model: ModelSpec, precision: str) -> float:
-    """Weights + fp32 master + Adam moments: 14 B/param in mixed precision, 12 B/param in fp32."""
-    per_param = 12.0 if precision == "fp32" else 14.0
-    return per_param * model.num_params
 
 
 def wall_hours(hours: np.ndarray, num_gpus: int, ckpt_bytes: float, spec: GoodputSpec) -> np.ndarray:
@@ -53,7 +48,7 @@ def goodput_record(hours: float, num_gpus: int, ckpt_bytes: float, spec: Goodput
     bandwidth = spec.bandwidth_gb_per_s(num_gpus)
     c_s = ckpt_bytes / (bandwidth * 1e9)
     c = c_s / 3600.0
-    young = float(np.sqrt(2.0 * c * mtbf)) if rate > 0 else float("inf")
+    young = spec.young_daly_hours(num_gpus, ckpt_bytes)
     tau = min(young, hours)
     wall = float(wall_hours(np.array([hours]), num_gpus, ckpt_bytes, spec)[0])
     failures = wall * rate

@@ -60,9 +60,17 @@ def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> st
 def write_launch_script(
     path: Path, command: str, plan: Plan, cluster: ClusterSpec, deepspeed_command: str | None = None
 ) -> Path:
+    layout = (
+        f"# train.py builds the plan's tp={plan.tp} / pp={plan.pp} / cp={plan.cp} layers and passes\n"
+        "# their groups (an `mpu`, or a PipelineModule) to deepspeed.initialize:\n"
+        f"# train_batch_size counts dp = {plan.dp}.\n"
+        if plan.tp * plan.pp * plan.cp > 1
+        else ""
+    )
     alternative = (
         "# Or with your own training script (`hostfile` lists the nodes, 'host slots=8' per line; train.py\n"
         "# passes --deepspeed_config to deepspeed.initialize):\n"
+        f"{layout}"
         f"#   {deepspeed_command}\n"
         if deepspeed_command
         else ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
 
 # Llama 3 (Dubey et al. 2024, arXiv:2407.21783, §3.3.4, Table 5): 419 unexpected interruptions in a
 # 54-day snapshot of pre-training on 16,384 H100 GPUs.
@@ -60,6 +61,22 @@ class GoodputSpec(BaseModel):
         if self.storage_bandwidth_gb_per_s is not None:
             return self.storage_bandwidth_gb_per_s
         return STORAGE_GB_PER_S_PER_GPU * num_gpus
+
+    def young_daly_hours(self, num_gpus: int, ckpt_bytes: float) -> float:
+        """Young's checkpoint interval τ = sqrt(2 · C · M) (Young 1974; Daly 2006, first order), C the
+        write time and M = 1 / (λ · N) the job's mean time between failures; inf when λ = 0."""
+        rate = self.interruptions_per_gpu_hour * num_gpus
+        if rate <= 0:
+            return float("inf")
+        write_hours = ckpt_bytes / (self.bandwidth_gb_per_s(num_gpus) * 1e9) / 3600.0
+        return float((2.0 * write_hours / rate) ** 0.5)
+
+
+def checkpoint_bytes(model: ModelSpec, precision: str) -> float:
+    """Weights + fp32 master + Adam moments: 14 B/param in mixed precision, 12 B/param in fp32 (the K = 12
+    optimizer bytes of ZeRO, Rajbhandari et al. 2020, §3.1, plus the 16-bit weights)."""
+    per_param = 12.0 if precision == "fp32" else 14.0
+    return per_param * model.num_params
 
 
 class GPUAlternative(BaseModel):

@@ -3,7 +3,8 @@
 Shaped like Ray's trainers: construct, `fit()`, get a `ProductionResult`. Full scale is the
 experiment's own model and cluster: every layer, every GPU (`cluster.num_nodes × gpus_per_node`),
 the plan as the planner selected it (or one picked by label). Ray Train runs the same
-`train_loop_per_worker` as the proxies; it checkpoints every `checkpoint_every` steps to
+`train_loop_per_worker` as the proxies; it checkpoints after the last step and every `checkpoint_every`
+steps (default: Young's interval, as the memo's goodput section computes it) to
 `storage_path` (the cluster's shared storage: `SERVICE_STORAGE_PATH`) and, after a node or worker
 loss, restarts from the latest checkpoint up to `max_failures` times (Ray Train's `FailureConfig`),
 the data loader included, so the loss trajectory continues exactly. The driver (this process, never
@@ -165,7 +166,8 @@ class ProductionRun:
         storage_path: checkpoints and the step log (default: $SERVICE_STORAGE_PATH, else
             `<repo>/ray_results/production`); the same storage_path and run_name resume a run.
         run_name: default `<experiment>-<plan>`.
-        checkpoint_every: steps between checkpoints (default: the proxy section's, else 1).
+        checkpoint_every: steps between checkpoints (default: the proxy section's, else Young's interval
+            over the predicted step time); the last step is always saved (the trained weights).
         max_failures: restarts from the latest checkpoint after a lost worker or node.
         track: log to MLflow from the driver.
         progress: one progress line on stderr.
@@ -197,9 +199,27 @@ class ProductionRun:
         default = os.environ.get(STORAGE_ENV) or repo_root() / "ray_results"
         self.storage_path = Path(storage_path or Path(default) / "production").resolve()
         self.run_name = run_name or f"{spec.name}-{self.plan.short().replace(':', '_')}"
-        self.checkpoint_every = checkpoint_every or self.experiment.proxy.checkpoint_every or 1
+        self.checkpoint_every = (
+            checkpoint_every or self.experiment.proxy.checkpoint_every or self._young_daly_steps()
+        )
         self.max_failures, self.track, self.progress = max_failures, track, progress
         self.inject_failure_at_step = inject_failure_at_step
+
+    def _young_daly_steps(self) -> int:
+        """Steps between checkpoints when none is asked for: Young's interval (the memo's goodput
+        section, service/run/goodput.py) over the cost model's step time for this plan, at most the run's
+        length (then the run saves only after its last step, which every production run does)."""
+        from service.costmodel.estimate import estimate
+        from service.spec.production import checkpoint_bytes
+
+        spec = self.experiment
+        try:
+            step_s = estimate(spec.model, spec.cluster, self.plan, spec.workload).step_time_s
+        except SpecError:  # a plan the cost model cannot price: keep a checkpoint every step
+            return 1
+        ckpt = checkpoint_bytes(spec.model, self.plan.precision)
+        hours = spec.goodput.young_daly_hours(self.plan.num_gpus, ckpt)
+        return max(1, min(self.steps, int(hours * 3600.0 // max(step_s, 1e-9))))
 
     def _workload_steps(self) -> int:
         w = self.experiment.workload

@@ -38,6 +38,7 @@ def worker_config(
     inject_failure_at_step: int | None = None,
     predicted: dict[str, float] | None = None,
     stall: dict[str, float] | None = None,
+    save_final: bool = False,
 ) -> WorkerConfig:
     """What every worker of the trial receives (also what the torchrun launcher reads)."""
     proxy = experiment.proxy
@@ -48,6 +49,7 @@ def worker_config(
         seq_len=proxy_seq_len(experiment),
         steps=steps or proxy.steps,
         checkpoint_every=proxy.checkpoint_every if checkpoint_every is None else checkpoint_every,
+        save_final=save_final,
         inject_failure_at_step=inject_failure_at_step,
         run_dir=run_dir,
         predicted=predicted if predicted is not None else _prediction_or_empty(experiment, plan),
@@ -188,7 +190,8 @@ def build_trainer(
         callbacks: Ray Train `UserCallback`s (e.g. Tune's `TuneReportCallback`).
         stall: test hook, see `WorkerConfig.stall`.
         proxy: a proxy trial, started without the Ray Train actors it does not need (see
-            `PROXY_RAY_TRAIN_ENV`); False for the production run.
+            `PROXY_RAY_TRAIN_ENV`); False for the production run, which also checkpoints after its
+            last step (the trained weights).
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -204,6 +207,7 @@ def build_trainer(
         checkpoint_every=checkpoint_every,
         inject_failure_at_step=inject_failure_at_step,
         stall=stall,
+        save_final=not proxy,
     )
     use_gpu = experiment.proxy.device == "cuda"
     timeout_s = max(1, math.ceil(experiment.proxy.collective_timeout_s))

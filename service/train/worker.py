@@ -45,6 +45,7 @@ class WorkerConfig(BaseModel):
     seq_len: int
     steps: int
     checkpoint_every: int = 0
+    save_final: bool = False  # a checkpoint after the last step too: the production run's trained weights
     inject_failure_at_step: int | None = None
     run_dir: str  # shared directory for the step log and the failure marker
     predicted: dict[str, float] = {}
@@ -322,7 +323,8 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
                 record["detail"] = {**_detail(cfg, probe, meter), "memory_by_rank": rows}
             _log(cfg.run_dir, record)
         meter.tally = False
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+        periodic = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0 and step < cfg.steps
+        if periodic or (cfg.save_final and step == cfg.steps):
             with tempfile.TemporaryDirectory(prefix="proxy-ckpt-") as tmp:
                 checkpoint.save(engine, tmp, step, rank, loader.state_dict())
                 reporter(metrics, tmp)

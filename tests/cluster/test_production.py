@@ -25,6 +25,9 @@ def test_killed_worker_resumes_and_the_loss_trajectory_is_bitwise(tmp_path: Path
     common = {"plan": PLAN, "steps": STEPS, "storage_path": tmp_path / "runs", "checkpoint_every": 1}
     reference = ProductionRun("experiments/tiny-cpu.yaml", run_name="reference", **common).fit()
     assert reference.status == "ok" and reference.restarts == 0, reference.reason
+    # The trained weights: a production run saves after its last step too (DeepSpeed tag step<N>).
+    tags = {p.name for p in (tmp_path / "runs" / "reference").rglob("step*") if p.is_dir()}
+    assert f"step{STEPS}" in tags, sorted(tags)
     resumed = ProductionRun(
         "experiments/tiny-cpu.yaml", run_name="killed", max_failures=1, inject_failure_at_step=3, **common
     ).fit()

@@ -110,3 +110,17 @@ def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path:
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_own_script_note_says_what_the_config_needs_from_train_py() -> None:
+    from service.report.memo import own_script_note
+    from service.report.result import RunResult
+
+    def note(**layout: int) -> str:
+        plan = {"dp": 32, "tp": 1, "pp": 1, "cp": 1, **layout}
+        return own_script_note(RunResult.model_construct(selected_plan=plan))
+
+    assert note() == ""  # plain data parallelism: DeepSpeed's dp is the world size
+    tp = note(dp=16, tp=2)
+    assert "2-way tensor-parallel layers and passes their `mpu`" in tp and "dp = 16 ranks, not all 32" in tp
+    assert "4-stage `PipelineModule`" in note(dp=8, pp=4) and "dp = 8 ranks, not all 32" in note(dp=8, pp=4)
