@@ -88,7 +88,7 @@ def _plan_b(result: RunResult) -> str:
     mem = fallback.memory_per_gpu_bytes
     return (
         f"if it runs out of memory, run {fallback.label} ({mem.value / GIB:.1f} GiB, 80 %: "
-        f"{mem.low / GIB:.1f}-{mem.high / GIB:.1f}; {fallback.hours.value:.2f} h, "
+        f"{mem.low / GIB:.1f}–{mem.high / GIB:.1f}; {fallback.hours.value:.2f} h, "
         f"${fallback.dollars.value:,.0f}{'; its proxy ran' if fallback.validated else ''})"
     )
 

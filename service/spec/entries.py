@@ -38,6 +38,12 @@ def load_model(name_or_path: str) -> ModelSpec:
     if not path.is_file():
         if is_hf_config(name_or_path):
             return load_hf_config(name_or_path)
+        if Path(name_or_path).is_dir():
+            raise SpecError(
+                "model",
+                "a folder without a config.json (a Hugging Face model folder holds one)",
+                name_or_path,
+            )
         if not name_or_path.endswith((".yaml", ".yml")):
             raise SpecError(
                 "model",

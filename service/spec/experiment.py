@@ -99,9 +99,12 @@ def load_experiment(path: str | Path) -> ExperimentSpec:
     if not isinstance(data, dict):
         raise SpecError("(top level)", "expected a mapping of experiment fields", str(path))
     model = data.get("model")
-    if isinstance(model, str) and model.endswith((".yaml", ".yml")) and not Path(model).is_absolute():
-        # A model file is looked up next to the experiment that names it.
-        data = {**data, "model": str(Path(path).parent / model)}
+    if isinstance(model, str) and not Path(model).is_absolute():
+        # A model file (ModelSpec YAML, a Hugging Face config.json or its folder) is looked up next to
+        # the experiment that names it; a bare name is a catalog model.
+        beside = Path(path).parent / model
+        if model.lower().endswith((".yaml", ".yml", ".json")) or beside.is_dir():
+            data = {**data, "model": str(beside)}
     try:
         return validate_as(ExperimentSpec, data, str(path))
     except SpecError as err:

@@ -28,12 +28,13 @@ PLAIN_MLP = frozenset(
     | {"nemotron"}
 )
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+MAX_LAYERS = 10_000  # transformers builds per-layer lists in some configs: a huge count would hang there
 
 
 def is_hf_config(path: str | Path) -> bool:
     """A `.json` file, or a folder with a `config.json` in it."""
     p = Path(path)
-    return p.suffix == ".json" or (p.is_dir() and (p / "config.json").is_file())
+    return p.suffix.lower() == ".json" or (p.is_dir() and (p / "config.json").is_file())
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
@@ -104,11 +105,35 @@ def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str |
         ('swiglu', 40, 13.02)
     """
     where = source or name
+    if isinstance(data.get("text_config"), dict):
+        raise SpecError(
+            "text_config",
+            f"a multimodal {data.get('model_type')} config: its vision or audio encoder is not modelled; "
+            "save the language model's text_config (with its model_type) as a config.json of its own",
+            where,
+        )
     for key in EXPERT_KEYS:
         experts = data.get(key)
         if isinstance(experts, int) and experts > 1:
             raise SpecError(key, f"{experts} experts: mixture-of-experts layers are not modelled", where)
+    for key in ("num_hidden_layers", "n_layer", "n_layers", "num_layers"):
+        layers = data.get(key)
+        if isinstance(layers, int) and not 0 < layers <= MAX_LAYERS:
+            raise SpecError(key, f"{layers} layers: expected 1 to {MAX_LAYERS:,}", where)
+    if data.get("num_key_value_heads") == 0:
+        raise SpecError("num_key_value_heads", "0: a model needs at least one key/value head", where)
     cfg = _config(data, where)
+    try:
+        return validate_as(ModelSpec, _fields(cfg, name, where), where)
+    except (TypeError, ValueError, OverflowError) as err:
+        if isinstance(err, SpecError):
+            raise
+        why = " ".join(str(err).split())[:200]
+        raise SpecError("config", f"a field has the wrong type or value: {why}", where) from None
+
+
+def _fields(cfg: Any, name: str, where: str) -> dict[str, Any]:
+    """ModelSpec's fields from a transformers config object."""
     mlp = "swiglu" if cfg.model_type in GATED_MLP else "gelu"
     hidden, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
     head_dim = getattr(cfg, "head_dim", None)
@@ -119,7 +144,14 @@ def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str |
             "hidden_size / num_attention_heads",
             where,
         )
-    fields = {
+    projection = getattr(cfg, "word_embed_proj_dim", None)  # OPT-350m: embeddings narrower than the blocks
+    if projection and int(projection) != hidden:
+        raise SpecError(
+            "word_embed_proj_dim",
+            f"{projection} ≠ hidden_size {hidden}: projected embeddings are not modelled",
+            where,
+        )
+    return {
         "name": name,
         "num_layers": cfg.num_hidden_layers,
         "hidden_size": hidden,
@@ -130,4 +162,3 @@ def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str |
         "mlp": mlp,
         "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
     }
-    return validate_as(ModelSpec, fields, where)

@@ -101,6 +101,18 @@ def test_grouped_query_and_plain_mlp_architectures() -> None:
         ({**LLAMA2_13B, "model_type": "t5"}, "model_type", "MLP kind unknown"),
         ({k: v for k, v in LLAMA2_13B.items() if k != "model_type"}, "model_type", "missing"),
         ({**LLAMA2_13B, "hidden_size": 5121}, "config", "not a multiple of the number of attention heads"),
+        ({**GPT2_XL, "head_dim": [64]}, "config", "wrong type or value"),
+        ({**LLAMA2_13B, "intermediate_size": "x"}, "config", "expected int, got str"),
+        ({**GPT2_XL, "num_kv_heads": "x"}, "config", "wrong type or value"),
+        ({"model_type": "llava", "text_config": LLAMA2_13B}, "text_config", "save the language model's"),
+        ({**LLAMA2_13B, "model_type": "qwen2", "num_hidden_layers": 10**9}, "num_hidden_layers", "to 10,000"),
+        ({**LLAMA2_13B, "num_key_value_heads": 0}, "num_key_value_heads", "at least one"),
+        (
+            {"model_type": "opt", "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16}
+            | {"ffn_dim": 4096, "vocab_size": 50272, "word_embed_proj_dim": 512},
+            "word_embed_proj_dim",
+            "projected embeddings",
+        ),
     ],
 )
 def test_what_model_spec_cannot_say_is_refused_naming_the_field(data: dict, field: str, words: str) -> None:
@@ -145,3 +157,22 @@ def test_estimate_and_experiments_take_a_config(tmp_path: Path) -> None:
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(data))
     assert load_experiment(path).model.num_params == 13_015_864_320
+
+
+def test_paths_next_to_the_experiment_and_folders_without_a_config(tmp_path: Path) -> None:
+    import yaml
+
+    from service.spec import load_experiment
+
+    exp = tmp_path / "exp"
+    _write(exp / "models" / "l13", LLAMA2_13B)
+    data = yaml.safe_load((REPO / "experiments" / "llama2-13b-32xh100.yaml").read_text())
+    for model in ("models/l13", "models/l13/config.json"):  # relative to the experiment, not the cwd
+        (exp / "e.yaml").write_text(yaml.safe_dump({**data, "model": model}))
+        assert load_experiment(exp / "e.yaml").model.num_params == 13_015_864_320
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SpecError, match=r"a folder without a config\.json"):
+        load_model(str(tmp_path / "empty"))
+    upper = tmp_path / "CONFIG.JSON"
+    upper.write_text(json.dumps(MISTRAL_7B))
+    assert load_model(str(upper)).num_params == 7_241_732_096
