@@ -123,7 +123,12 @@ def design_proxy(
             "a GPU of the production type is here: full width, fewer layers, one node"
             if on_gpu
             else (
-                "no GPU here (or the experiment's proxy is a CPU one): narrowed "
+                (
+                    "the experiment's proxy section asks for CPU workers"
+                    if experiment.proxy.device == "cpu"
+                    else "the experiment asks for CUDA proxies and this machine has no GPU"
+                )
+                + ": narrowed "
                 f"{experiment.model.hidden_size}→{model.hidden_size}, vocabulary "
                 f"{experiment.model.vocab_size}→{proxy.vocab_size or experiment.model.vocab_size}, "
                 f"{proxy.num_layers} layers, "
