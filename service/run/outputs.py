@@ -27,6 +27,9 @@ def production_ds_config(plan: Plan, experiment: ExperimentSpec) -> dict[str, An
     config = deepspeed_config(plan, proxy, experiment.model)
     config["zero_optimization"]["overlap_comm"] = True
     config["steps_per_print"] = 100
+    opt = experiment.optimizer
+    config["optimizer"]["params"].update(lr=opt.lr, weight_decay=opt.weight_decay)
+    config["scheduler"] = opt.scheduler(max(1, int(experiment.workload.steps_to_train)))
     return config
 
 

@@ -12,7 +12,7 @@ from service.spec.errors import SpecError, validate_as
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.plan import Engine
-from service.spec.production import GoodputSpec, GPUAlternative
+from service.spec.production import GoodputSpec, GPUAlternative, OptimizerSpec
 from service.spec.proxy import ProxySpec
 from service.spec.tracking import TrackingSpec
 from service.spec.workload import Budget, Workload
@@ -43,6 +43,10 @@ class ExperimentSpec(BaseModel):
     goodput: GoodputSpec = Field(
         default_factory=GoodputSpec,  # type: ignore[arg-type]
         description="Interruption rate, checkpoint storage bandwidth, restart time (cited defaults).",
+    )
+    optimizer: OptimizerSpec = Field(
+        default_factory=OptimizerSpec,  # type: ignore[arg-type]
+        description="AdamW and its warmup-cosine schedule in the production DeepSpeed config.",
     )
     alternatives: list[GPUAlternative] = Field(
         default_factory=list, description="Other GPU types / clusters compared under the same budget."

@@ -6,6 +6,8 @@ experiment without them still gets a goodput estimate with stated sources.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.spec.hardware import ClusterSpec
@@ -77,6 +79,40 @@ def checkpoint_bytes(model: ModelSpec, precision: str) -> float:
     optimizer bytes of ZeRO, Rajbhandari et al. 2020, §3.1, plus the 16-bit weights)."""
     per_param = 12.0 if precision == "fp32" else 14.0
     return per_param * model.num_params
+
+
+class OptimizerSpec(BaseModel):
+    """The production run's AdamW and learning-rate schedule, written into the DeepSpeed config `run`
+    ships (`optimizer` and a `WarmupCosineLR` `scheduler`, deepspeed/runtime/lr_schedules.py). Memory and
+    speed do not depend on them; the proxies keep a constant rate so their losses compare.
+
+    Example (YAML): `optimizer: {lr: 2.0e-5, warmup_fraction: 0.03}`, Llama 2's fine-tuning rate.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(
+        3e-4, gt=0, le=1, description="Peak learning rate (default: a pre-training rate; fine-tunes use less)"
+    )
+    warmup_fraction: float = Field(
+        0.01, ge=0, le=0.5, description="Share of the steps spent warming up linearly from 0."
+    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Floor of the cosine decay, as a share of lr.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW's decoupled weight decay.")
+
+    def scheduler(self, total_steps: int) -> dict[str, Any]:
+        """DeepSpeed's `scheduler` section for a run of `total_steps` optimizer steps."""
+        warmup = max(1, round(self.warmup_fraction * total_steps))  # DeepSpeed needs a positive int
+        return {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": max(total_steps, warmup + 1),
+                "warmup_num_steps": warmup,
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": self.min_lr_ratio,
+                "warmup_type": "linear",
+            },
+        }
 
 
 class GPUAlternative(BaseModel):

@@ -58,6 +58,8 @@ def error_of(path: Path) -> SpecError:
         (lambda d: d.pop("workload"), "workload", "Field required"),
         (lambda d: d.update(engines=["torch"]), "engines.0", "'deepspeed', 'fsdp' or 'megatron'"),
         (lambda d: d.update(engines=[]), "engines", "at least 1 item"),
+        (lambda d: d.update(optimizer={"lr": -1}), "optimizer.lr", "greater than 0"),
+        (lambda d: d.update(optimizer={"warmup": 0.1}), "optimizer.warmup", "allowed: lr, min_lr_ratio"),
         (lambda d: d.update(engines=["fsdp", "fsdp"]), "engines", "engines listed twice"),
         # pydantic alone would read true as 1 (one node) and plan for it without a word
         (
