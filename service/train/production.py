@@ -222,9 +222,7 @@ class ProductionRun:
         return max(1, min(self.steps, int(hours * 3600.0 // max(step_s, 1e-9))))
 
     def _workload_steps(self) -> int:
-        w = self.experiment.workload
-        tokens_per_step = w.global_batch_tokens or w.seq_len * (w.global_batch_sequences or 1)
-        return max(1, int(w.tokens_to_train // tokens_per_step))
+        return max(1, int(self.experiment.workload.steps_to_train))  # as the shipped config's schedule
 
     def fit(self) -> ProductionResult:
         from service.train.ray_session import ensure_ray
