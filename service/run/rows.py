@@ -26,16 +26,14 @@ def memory_spread_bytes(s: Scored, memory_errors: tuple[float, float], widening:
     return np.asarray(widening * (e_act * act + e_state * state), dtype=float)
 
 
-def memory_fallback(
-    s: Scored, chosen: int | None, memory_errors: tuple[float, float], widening: float
-) -> int | None:
+def memory_fallback(s: Scored, chosen: int | None, spread: np.ndarray) -> int | None:
     """Plan B for a choice whose memory interval reaches past the limit: the best plan that meets the
     budget and stays under the limit even at its interval's high end. None when the choice itself does,
     or when no such plan exists. An out-of-memory error shows on the first steps, so the memo names
     this plan in advance instead of trading the choice's cost for a risk that costs minutes to test."""
     if chosen is None:
         return None
-    high = s.est.total_bytes + memory_spread_bytes(s, memory_errors, widening)
+    high = s.est.total_bytes + spread
     limit = s.est.memory_limit_bytes
     if high[chosen] <= limit[chosen]:
         return None
@@ -93,14 +91,12 @@ def plan_row(
     row: int,
     status: str,
     reason: str,
-    memory_errors: tuple[float, float],
-    widening: float,
+    spread_bytes: float,
     calibrated: bool,
     validated: set[str],
     time_tag: str = PRIOR,
 ) -> PlanRow:
     est, plan = s.est, s.plans.row(row)
-    spread = float(memory_spread_bytes(s, memory_errors, widening)[row])
     total = float(est.total_bytes[row])
     mem_tag = CALIBRATED if calibrated else PRIOR
     rank_hits = np.flatnonzero(s.selection.order == row)
@@ -134,7 +130,7 @@ def plan_row(
         ),
         hours_no_failures=float(s.hours_no_failures[row]),
         memory_per_gpu_bytes=Interval(
-            value=total, low=max(0.0, total - spread), high=total + spread, tag=mem_tag
+            value=total, low=max(0.0, total - spread_bytes), high=total + spread_bytes, tag=mem_tag
         ),
         memory_limit_bytes=float(est.memory_limit_bytes[row]),
         hbm_bytes=float(s.cluster.gpu.hbm_gib * GIB),
@@ -165,7 +161,8 @@ def memo_rows(
     order = [int(r) for r in s.selection.order]
     feasible = [r for r in order if status[r] in FEASIBLE]
     picks: list[int] = [] if chosen is None else [chosen]
-    fallback = memory_fallback(s, chosen, memory_errors, widening)
+    spread = memory_spread_bytes(s, memory_errors, widening)  # every plan's, once
+    fallback = memory_fallback(s, chosen, spread)
     if fallback is not None:
         picks.append(fallback)
     if nominal is not None and nominal != chosen:
@@ -191,5 +188,5 @@ def memo_rows(
         elif r == nominal or st == "selected":
             st = "less robust"
         reason = why(s, r, chosen, budget, st)
-        rows.append(plan_row(s, r, st, reason, memory_errors, widening, calibrated, validated, time_tag))
+        rows.append(plan_row(s, r, st, reason, float(spread[r]), calibrated, validated, time_tag))
     return rows

@@ -158,7 +158,7 @@ def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
     errors, widening = (0.25, 0.05), 1.0
     high = s.est.total_bytes + memory_spread_bytes(s, errors, widening)
     assert high[chosen] > limit[chosen]
-    fallback = memory_fallback(s, chosen, errors, widening)
+    fallback = memory_fallback(s, chosen, memory_spread_bytes(s, errors, widening))
     assert fallback is not None and fallback != chosen
     assert high[fallback] <= limit[fallback] and s.selection.status[fallback] in FEASIBLE
     # nothing ranked between the choice and plan B meets the budget and fits at its high end
@@ -167,8 +167,8 @@ def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
         if r != chosen and s.selection.status[r] in FEASIBLE:
             assert high[r] > limit[r], STATUSES[s.selection.status[r]]
     # with no model error the choice fits as it is: no plan B
-    assert memory_fallback(s, chosen, (0.0, 0.0), widening) is None
-    assert memory_fallback(s, None, errors, widening) is None
+    assert memory_fallback(s, chosen, memory_spread_bytes(s, (0.0, 0.0), widening)) is None
+    assert memory_fallback(s, None, memory_spread_bytes(s, errors, widening)) is None
 
 
 def test_run_names_plan_b_when_the_memory_interval_passes_the_limit(tmp_path: Path) -> None:
