@@ -102,6 +102,9 @@ class Measurement(BaseModel):
     tp_comm_overlap: bool = Field(False, description="Megatron-Core's TP overlap (Plan.tp_comm_overlap).")
     shard_group_size: int = Field(0, ge=0, description="ZeRO-3 shard group: FSDP's HSDP (0 = off).")
     engine: Engine | None = Field(None, description="What ran it; default: its source's engine.")
+    zero3_collectives: Literal["flat", "per_tensor_lists"] = Field(
+        "flat", description="How its ZeRO-3 called collectives (Workload.zero3_collectives)."
+    )
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     measured: Measured
     reported_mfu: float | None = None
@@ -168,6 +171,7 @@ def workload(ds: Dataset, row: Measurement) -> Workload:
         tokens_to_train=1e9,
         flash_attention=source.flash_attention,
         fused_elementwise=source.fused_elementwise,
+        zero3_collectives=row.zero3_collectives,
     )
 
 

@@ -26,6 +26,7 @@ def comm_offload_and_optimizer_s(
     gpu: GPUSpec,
     net: comm.Links,
     contention: float = 0.0,
+    per_tensor_lists: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exposed data-parallel communication, exposed offload time and the GPU optimizer step.
 
@@ -39,6 +40,18 @@ def comm_offload_and_optimizer_s(
     FSDP (Zhao et al. 2023, "PyTorch FSDP", §3-4) gathers and reduces one flat parameter per wrapped
     unit, a transformer block, so it issues one collective per block instead of per bucket or module;
     SHARD_GRAD_OP (stage 2) re-gathers the parameters in the next forward, prefetched behind it.
+
+    `per_tensor_lists` (Workload.zero3_collectives): DeepSpeed's ZeRO-3 before 0.6, as the 2021 papers
+    ran it (deepspeed/runtime/zero/partition_parameters.py at v0.3.16-v0.5.10: `_allgather_param`,
+    `_reduce_scatter_gradient`). It gathers each weight matrix on its own (tensors under
+    `stage3_param_persistence_threshold`, 1e5 elements, biases and norms, stay whole) but reduce-scatters
+    every parameter tensor's gradient on its own, and hands torch.distributed lists of per-rank slices;
+    PyTorch's NCCL process group then copies each of the n slices with its own kernel
+    (ProcessGroupNCCL::allgather copies the flat output into every list entry; reduce_scatter's
+    flatten_for_scatter_gather copies every input in). Those n launches per call cost the host n kernel
+    launches; DeepSpeed synchronises the device before each gather (`torch.cuda.synchronize()` in
+    `_allgather_param`), so nothing queued hides them. DeepSpeed 0.6 moved to one flat
+    `_all_gather_base` per module and `reduce_scatter_coalesced` per bucket.
     """
     gpn = cluster.gpus_per_node
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
@@ -53,7 +66,7 @@ def comm_offload_and_optimizer_s(
     bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
     buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
     blocks = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage's
-    modules = blocks * (7 if model.mlp == "swiglu" else 4)
+    modules = blocks * model.weight_matrices_per_block
     from_stage = np.array([4 if s is None else s for s in engine_table("block_sharding_from_stage")])
     fsdp = p.zero_stage >= from_stage[p.engine]  # FSDP, Megatron-FSDP: per-block gathers and reduces
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
@@ -62,7 +75,14 @@ def comm_offload_and_optimizer_s(
     ar = comm.all_reduce_time_s(grads_b, shards, p.tp, gpn, gpu, buckets, net)
     rs = comm.reduce_scatter_time_s(grads_b, shards, p.tp, gpn, gpu, collectives, net)
     ag = comm.all_gather_time_s(params_b, shards, p.tp, gpn, gpu, gathers, net)
-    z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net)
+    legacy = per_tensor_lists & (p.zero_stage == 3) & ~fsdp
+    tensors = blocks * model.parameter_tensors_per_block
+    reduces = np.where(legacy, tensors, collectives)
+    z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net, reduces)
+    # The list copies: one kernel per rank of the sharding group for each gather (forward, backward) and
+    # each gradient reduce-scatter of a micro-batch, launched by the host (see the docstring).
+    launches = np.where(legacy, (2 * gathers + reduces) * hz.shard_ranks(p), 0.0)
+    list_copies = launches * gpu.kernel_overhead_us * 1e-6
     ga = p.grad_accum
 
     def behind(collective: Num, compute_s: Num) -> np.ndarray:
@@ -97,7 +117,7 @@ def comm_offload_and_optimizer_s(
             np.where(overlap, behind_chunks(reduce, bwd) + behind_chunks(ag, fwd), behind(reduce, bwd) + ag),
             ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
-        ga * behind(z3.per_micro_batch, fwd + bwd) + z3.per_step,
+        ga * (behind(z3.per_micro_batch, fwd + bwd) + list_copies) + z3.per_step,
     )
     shards = hz.shard_ranks(p)
     shard = psi / np.where(p.zero_stage >= 1, shards, 1)

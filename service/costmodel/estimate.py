@@ -220,7 +220,7 @@ def _times(
     bubble = (p.pp - 1) / v * slot
 
     dp_comm, offload, optimizer_step = data_parallel.comm_offload_and_optimizer_s(
-        model, cluster, p, fwd, bwd, gpu, net, contention
+        model, cluster, p, fwd, bwd, gpu, net, contention, workload.zero3_collectives == "per_tensor_lists"
     )
     ga = p.grad_accum
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches

@@ -63,10 +63,13 @@ def zero3_collectives_s(
     gpu: GPUSpec,
     collectives: Num,
     links: comm.Links,
+    reduce_collectives: Num | None = None,
 ) -> Zero3Comm:
     """Forward gather + backward gather + gradient reduce-scatter per micro-batch, and the replicas'
     all-reduce of their gradient shard (per micro-batch or per step, the engine's `replica_sync`), for
-    plain ZeRO-3, ZeRO++ and shard groups (see the module docstring)."""
+    plain ZeRO-3, ZeRO++ and shard groups (see the module docstring). `collectives` gathers per pass;
+    the reduce-scatters are as many unless `reduce_collectives` says otherwise."""
+    reduce_calls = collectives if reduce_collectives is None else reduce_collectives
     group, stride = shard_ranks(p), p.tp
     weights = np.where(p.zero_quantized_weights, QWZ_BYTES_RATIO, 1.0) * params_bytes
     forward = comm.all_gather_time_s(weights, group, stride, gpus_per_node, gpu, collectives, links)
@@ -74,7 +77,7 @@ def zero3_collectives_s(
     secondary = comm.all_gather_time_s(params_bytes, hpz, stride, gpus_per_node, gpu, collectives, links)
     backward = np.where(hpz > 1, secondary, forward)
     grads = np.where(p.zero_quantized_gradients, QGZ_BYTES_RATIO, 1.0) * grads_bytes
-    reduce = comm.reduce_scatter_time_s(grads, group, stride, gpus_per_node, gpu, collectives, links)
+    reduce = comm.reduce_scatter_time_s(grads, group, stride, gpus_per_node, gpu, reduce_calls, links)
     replicas = p.dp * p.cp // np.maximum(group, 1)
     shard = grads_bytes / np.maximum(group, 1)
     grouped = p.shard_group_size > 0

@@ -10,8 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class ModelSpec(BaseModel):
     """A Llama/GPT-style decoder-only transformer.
 
-    Linear layers carry no bias (Llama); `swiglu` MLPs have three matrices (gate, up, down), `gelu`
-    MLPs two. Normalisation layers are RMSNorm with one weight vector of `hidden_size`.
+    Linear layers carry no bias (Llama) unless `linear_biases`; `swiglu` MLPs have three matrices (gate,
+    up, down), `gelu` MLPs two. Normalisation layers are RMSNorm with one weight vector of `hidden_size`
+    (LayerNorm with a weight and a bias when `linear_biases`: GPT-2/3, Megatron's GPT). Bias elements
+    (~0.02 % of a block) are not counted in `num_params`; they matter as tensors, to engines that
+    communicate one tensor at a time (`parameter_tensors_per_block`).
 
     Example:
         >>> ModelSpec(num_layers=40, hidden_size=5120, num_attention_heads=40,
@@ -32,6 +35,11 @@ class ModelSpec(BaseModel):
     vocab_size: int = Field(gt=0, description="Vocabulary size V (tokens).")
     mlp: Literal["swiglu", "gelu"] = Field("swiglu", description="MLP kind: swiglu (3 matrices) or gelu (2).")
     tie_word_embeddings: bool = Field(False, description="Output projection shares the embedding matrix.")
+    linear_biases: bool = Field(
+        False,
+        description="Linear layers and LayerNorms carry bias vectors (GPT-2/3, Megatron's GPT); false = Llama "
+        "style, no biases and RMSNorm.",
+    )
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelSpec:
@@ -60,6 +68,19 @@ class ModelSpec(BaseModel):
     @property
     def mlp_matrices(self) -> int:
         return 3 if self.mlp == "swiglu" else 2
+
+    @property
+    def weight_matrices_per_block(self) -> int:
+        """Weight matrices of one block as the engines hold them: Llama style (swiglu) q, k, v, o, gate,
+        up, down (Hugging Face modules); GPT style (gelu) fused QKV, attention output, MLP in and out
+        (Megatron's GPT)."""
+        return 7 if self.mlp == "swiglu" else 4
+
+    @property
+    def parameter_tensors_per_block(self) -> int:
+        """Parameter tensors of one block: its weight matrices and two norm weights, and a bias beside
+        each when `linear_biases` (Megatron's GPT block: 6 × (weight, bias) = 12)."""
+        return (self.weight_matrices_per_block + 2) * (2 if self.linear_biases else 1)
 
     @property
     def attention_params_per_layer(self) -> int:

@@ -37,6 +37,14 @@ class Workload(BaseModel):
         description="Data-parallel collectives run behind compute (DeepSpeed `overlap_comm`, FSDP's "
         "prefetch); false = each collective stalls the step, as in the proxies' DeepSpeed config.",
     )
+    zero3_collectives: Literal["flat", "per_tensor_lists"] = Field(
+        "flat",
+        description="How ZeRO-3 calls its collectives. flat: one flat buffer per module gather and per "
+        "gradient bucket (DeepSpeed >= 0.6, FSDP). per_tensor_lists: DeepSpeed before 0.6 (2021), which "
+        "reduce-scattered every parameter tensor's gradient on its own and passed both its gathers and its "
+        "reduce-scatters to torch.distributed as lists of per-rank slices, which PyTorch copies one kernel "
+        "per rank (costmodel/data_parallel.py).",
+    )
 
     @model_validator(mode="after")
     def _derive_batch(self) -> Workload:

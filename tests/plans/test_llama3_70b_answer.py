@@ -2,15 +2,18 @@
 
 With fused element-wise kernels, as the published runs use, DeepSpeed's best bf16 plan is 3D (tp × pp ×
 dp) and its MFU lies near the band published for dense bf16 pre-training on H100 clusters: 38-43 % for
-Llama 3 405B on 8,192-16,384 H100s (Dubey et al. 2024, Table 4); the test allows 34-45 % (the cost
-model's 80 % interval is about ±20 %). With the eager Hugging Face kernels `service train` runs, ZeRO-3
+Llama 3 405B on 8,192-16,384 H100s (Dubey et al. 2024, Table 4): the test asks that band to meet the
+estimate's own 80 % interval (the shipped set's out-of-sample residuals, about −16 … +17 %). With the eager Hugging Face kernels `service train` runs, ZeRO-3
 over all GPUs edges ahead and the best 3D plan stays close behind. The service's DeepSpeed runs Ulysses
 cp without a pipeline (service/catalog/engines/deepspeed.yaml), so no 3D answer carries cp.
 """
 
+import math
+
 from service.catalog import load_model
 from service.planner import rank_plans
 from service.spec import Budget, ClusterSpec, Workload
+from service.spec.params import load_params
 
 MODEL = load_model("llama3-70b")
 CLUSTER = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=128)
@@ -30,7 +33,10 @@ def _best(engines, workload=WORKLOAD):
 def test_deepspeed_answer_with_fused_kernels_is_3d_with_mfu_in_the_published_band():
     plan, mfu = _best(("deepspeed",), WORKLOAD.model_copy(update={"fused_elementwise": True}))
     assert plan.tp > 1 and plan.pp > 1 and plan.dp > 1 and plan.zero_stage <= 1 and plan.cp == 1
-    assert 0.34 <= mfu <= 0.45
+    residuals = load_params().residuals  # 1,024 GPUs and seq 8,192 lie inside the fit: no widening
+    low, high = mfu * math.exp(residuals.q10), mfu * math.exp(residuals.q90)
+    assert low <= 0.43 and high >= 0.38, (low, mfu, high)  # the interval meets Meta's 38-43 %
+    assert 0.30 <= mfu <= 0.45
 
 
 def test_with_eager_kernels_the_best_3d_plan_stays_close_to_the_best():
