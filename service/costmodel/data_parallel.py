@@ -17,6 +17,31 @@ from service.spec.plan_table import PlanTable, engine_table
 from service.spec.zero import ZeroKnobs
 
 
+def module_elements_per_block(model: ModelSpec) -> list[int]:
+    """Elements of each weight matrix of a block, in the order forward runs them (the modules ZeRO-3
+    gathers one by one): Llama style q, k, v, o, gate, up, down; GPT style fused QKV, attention output,
+    MLP in, MLP out."""
+    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    if model.weight_matrices_per_block == 7:
+        return [h * h, h * kv, h * kv, h * h, h * f, h * f, f * h]
+    return [h * (h + 2 * kv), h * h, h * f, f * h]
+
+
+def held_back_gather_fraction(model: ModelSpec, tp: Num, max_live_elements: int) -> np.ndarray:
+    """Share of ZeRO-3's gathered bytes that DeepSpeed cannot prefetch: it prefetches the next module
+    only while the parameters it holds gathered stay under `stage3_max_live_parameters`
+    (partitioned_param_coordinator.py, 0.19: max_params_to_prefetch = min(max live − available,
+    prefetch bucket); v0.3.16 stage3.py: prefetch only `if total_available_parameter_numel <
+    max_available_parameters_in_numel`). A module of at least that many elements holds back the gather
+    of the module after it (in backward, of the one before), which then waits whole. It takes matrices
+    of ≥ 1e9 elements (the default): a 530B GPT's QKV and MLP, not a 70B Llama's."""
+    sizes = np.array(module_elements_per_block(model), dtype=float)
+    tp = np.atleast_1d(np.asarray(tp, dtype=float))
+    local = sizes[None, :] / tp[:, None]
+    held = np.roll(local, 1, axis=1) >= max_live_elements  # the module before (the block before's last)
+    return np.asarray((local * held).sum(axis=1) / local.sum(axis=1), dtype=float)
+
+
 def comm_offload_and_optimizer_s(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -79,6 +104,11 @@ def comm_offload_and_optimizer_s(
     tensors = blocks * model.parameter_tensors_per_block
     reduces = np.where(legacy, tensors, collectives)
     z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net, reduces)
+    # DeepSpeed's prefetch stops at stage3_max_live_parameters (held_back_gather_fraction); FSDP
+    # prefetches the next block whatever its size.
+    knobs = ZeroKnobs.for_model(model)
+    held = np.where(fsdp, 0.0, held_back_gather_fraction(model, p.tp, knobs.stage3_max_live_parameters))
+    unhidden = held * z3.gathers
     # The list copies: one kernel per rank of the sharding group for each gather (forward, backward) and
     # each gradient reduce-scatter of a micro-batch, launched by the host (see the docstring).
     launches = np.where(legacy, (2 * gathers + reduces) * hz.shard_ranks(p), 0.0)
@@ -117,7 +147,7 @@ def comm_offload_and_optimizer_s(
             np.where(overlap, behind_chunks(reduce, bwd) + behind_chunks(ag, fwd), behind(reduce, bwd) + ag),
             ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
-        ga * (behind(z3.per_micro_batch, fwd + bwd) + list_copies) + z3.per_step,
+        ga * (behind(z3.per_micro_batch - unhidden, fwd + bwd) + unhidden + list_copies) + z3.per_step,
     )
     shards = hz.shard_ranks(p)
     shard = psi / np.where(p.zero_stage >= 1, shards, 1)

@@ -53,6 +53,7 @@ class Zero3Comm:
 
     per_micro_batch: np.ndarray
     per_step: np.ndarray
+    gathers: np.ndarray  # the forward and backward parameter gathers alone (part of per_micro_batch)
 
 
 def zero3_collectives_s(
@@ -87,4 +88,8 @@ def zero3_collectives_s(
     across = comm.all_reduce_time_s(shard, replicas, stride * group, gpus_per_node, gpu, calls, links)
     per_micro_batch = forward + backward + reduce + np.where(every_micro_batch, across, 0.0)
     per_step = np.where(grouped & ~every_micro_batch, across, 0.0)
-    return Zero3Comm(np.asarray(per_micro_batch, dtype=float), np.asarray(per_step, dtype=float))
+    return Zero3Comm(
+        np.asarray(per_micro_batch, dtype=float),
+        np.asarray(per_step, dtype=float),
+        np.asarray(forward + backward, dtype=float),
+    )

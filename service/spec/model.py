@@ -37,8 +37,8 @@ class ModelSpec(BaseModel):
     tie_word_embeddings: bool = Field(False, description="Output projection shares the embedding matrix.")
     linear_biases: bool = Field(
         False,
-        description="Linear layers and LayerNorms carry bias vectors (GPT-2/3, Megatron's GPT); false = Llama "
-        "style, no biases and RMSNorm.",
+        description="Linear layers and LayerNorms carry bias vectors (GPT-2/3, Megatron's GPT); false = "
+        "Llama style, no biases and RMSNorm.",
     )
 
     @model_validator(mode="after")

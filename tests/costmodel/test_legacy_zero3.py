@@ -1,6 +1,8 @@
 """DeepSpeed's ZeRO-3 before 0.6 (Workload.zero3_collectives = "per_tensor_lists"): one reduce-scatter per
 parameter tensor, and PyTorch's list collectives launching one copy kernel per rank for every call."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -10,6 +12,7 @@ from service.catalog import load_gpu, load_model
 from service.costmodel import comm, estimate
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload
 from service.spec.params import ModelParams
+from service.spec.zero import ZeroKnobs
 
 A100 = load_gpu("a100-sxm-80gb")
 GPT3 = load_model("gpt3-175b")
@@ -18,7 +21,9 @@ DATA = "benchmarks/published/measurements.yaml"
 
 
 def _work(collectives: str, **kw) -> Workload:
-    return Workload(seq_len=2048, global_batch_sequences=1536, tokens_to_train=1e9, zero3_collectives=collectives, **kw)
+    return Workload(
+        seq_len=2048, global_batch_sequences=1536, tokens_to_train=1e9, zero3_collectives=collectives, **kw
+    )
 
 
 def _dp_comm(plan: Plan, collectives: str, dp: int = 1536) -> float:
@@ -29,7 +34,9 @@ def _dp_comm(plan: Plan, collectives: str, dp: int = 1536) -> float:
 def test_parameter_tensors_per_block_count_weights_norms_and_biases():
     assert GPT3.linear_biases and GPT3.parameter_tensors_per_block == 12  # Megatron GPT: 6 × (weight, bias)
     assert load_model("llama2-70b").parameter_tensors_per_block == 9  # q k v o gate up down + 2 RMSNorms
-    bare = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256, vocab_size=100, mlp="gelu")
+    bare = ModelSpec(
+        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256, vocab_size=100, mlp="gelu"
+    )
     assert bare.weight_matrices_per_block == 4 and bare.parameter_tensors_per_block == 6
     # Biases are tensors, not counted parameters: the count of elements does not move.
     assert bare.model_copy(update={"linear_biases": True}).num_params == bare.num_params
@@ -46,7 +53,9 @@ def test_per_tensor_lists_add_the_copies_and_the_extra_reduce_scatters():
     assert copies == pytest.approx(14.7456)  # 1,920 calls × 1,536 launches × 5 µs
     assert legacy - flat == pytest.approx(copies + latency, rel=1e-6)
     # Twice the ranks, twice the launches per call: the legacy penalty grows with the group.
-    half = _dp_comm(Plan(dp=768, zero_stage=3, micro_batch=2, grad_accum=1, recompute="full"), "per_tensor_lists", 768)
+    half = _dp_comm(
+        Plan(dp=768, zero_stage=3, micro_batch=2, grad_accum=1, recompute="full"), "per_tensor_lists", 768
+    )
     assert half < legacy
 
 
@@ -74,3 +83,34 @@ def test_an_unknown_style_names_the_field():
     with pytest.raises(ValidationError, match="zero3_collectives"):
         _work("per_module")
     assert np.isfinite(_dp_comm(Plan(dp=1536, zero_stage=3, micro_batch=1, grad_accum=1), "flat"))
+
+
+def test_deepspeed_holds_back_the_gather_after_a_module_of_a_billion_elements(monkeypatch):
+    """DeepSpeed prefetches the next module only under stage3_max_live_parameters (1e9 elements): in a
+    530B GPT block QKV (1.26e9), MLP in and out (1.68e9 each) hold back the gathers of the attention
+    output, of the next block's QKV and of MLP out: (3 + 1 + 4)·h² of 12·h² elements."""
+    from service.costmodel.data_parallel import held_back_gather_fraction
+
+    gpt530 = ModelSpec(
+        num_layers=105,
+        hidden_size=20480,
+        num_attention_heads=128,
+        ffn_hidden_size=81920,
+        vocab_size=51200,
+        mlp="gelu",
+        linear_biases=True,
+    )
+    assert held_back_gather_fraction(gpt530, 1, 10**9)[0] == pytest.approx(8 / 12)
+    assert held_back_gather_fraction(gpt530, 2, 10**9)[0] == 0.0  # halved by TP, every matrix fits
+    for name in ("gpt3-175b", "llama2-70b", "llama3.1-405b"):  # 405B's MLP matrices: 0.87e9
+        assert held_back_gather_fraction(load_model(name), 1, 10**9)[0] == 0.0
+    cluster = ClusterSpec(gpu="a100-sxm-80gb", num_nodes=80)
+    work = _work("flat").model_copy(update={"global_batch_sequences": 2560})
+    plan = Plan(dp=640, zero_stage=3, micro_batch=4, recompute="full")
+    held = estimate(gpt530, cluster, plan, work, params=PRIOR).time_breakdown_s.dp_comm
+    knobs = ZeroKnobs.for_model(gpt530)
+    monkeypatch.setattr(
+        ZeroKnobs, "for_model", classmethod(lambda cls, m: replace(knobs, stage3_max_live_parameters=10**12))
+    )
+    free = estimate(gpt530, cluster, plan, work, params=PRIOR).time_breakdown_s.dp_comm
+    assert held > 2 * free, (held, free)  # two thirds of the gathers no longer hide behind compute

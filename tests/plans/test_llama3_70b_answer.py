@@ -1,11 +1,13 @@
 """The issue's scenario: Llama-3-70B on 1,024 H100s at seq 8192 (16 M-token batch, as Llama 3 trained).
 
-With fused element-wise kernels, as the published runs use, DeepSpeed's best bf16 plan is 3D (tp × pp ×
-dp) and its MFU lies near the band published for dense bf16 pre-training on H100 clusters: 38-43 % for
-Llama 3 405B on 8,192-16,384 H100s (Dubey et al. 2024, Table 4): the test asks that band to meet the
-estimate's own 80 % interval (the shipped set's out-of-sample residuals, about −16 … +17 %). With the eager Hugging Face kernels `service train` runs, ZeRO-3
-over all GPUs edges ahead and the best 3D plan stays close behind. The service's DeepSpeed runs Ulysses
-cp without a pipeline (service/catalog/engines/deepspeed.yaml), so no 3D answer carries cp.
+With fused element-wise kernels, as the published runs use, DeepSpeed's best bf16 plans are 3D (tp × pp
+× dp) and ZeRO-3 with hpZ over all GPUs, within 2 % of each other, and the MFU lies near the band
+published for dense bf16 pre-training on H100 clusters: 38-43 % for Llama 3 405B on 8,192-16,384
+H100s (Dubey et al. 2024, Table 4). The test asks that band to meet the estimate's own 80 % interval
+(the shipped set's out-of-sample residuals, about −15 … +16 %). With the eager Hugging Face kernels
+`service train` runs, ZeRO-3 over all GPUs edges ahead and the best 3D plan stays close behind. The
+service's DeepSpeed runs Ulysses cp without a pipeline (service/catalog/engines/deepspeed.yaml), so no
+3D answer carries cp.
 """
 
 import math
@@ -30,9 +32,15 @@ def _best(engines, workload=WORKLOAD):
     return ranking.enumeration.plans.row(row), float(ranking.estimates.mfu[row])
 
 
-def test_deepspeed_answer_with_fused_kernels_is_3d_with_mfu_in_the_published_band():
-    plan, mfu = _best(("deepspeed",), WORKLOAD.model_copy(update={"fused_elementwise": True}))
-    assert plan.tp > 1 and plan.pp > 1 and plan.dp > 1 and plan.zero_stage <= 1 and plan.cp == 1
+def test_deepspeed_answer_with_fused_kernels_ties_3d_and_zero3_with_mfu_in_the_published_band():
+    ranking = _ranking(("deepspeed",), WORKLOAD.model_copy(update={"fused_elementwise": True}))
+    plans, tokens = ranking.enumeration.plans, ranking.estimates.tokens_per_s
+    order = [int(r) for r in ranking.selection.order]
+    mfu = float(ranking.estimates.mfu[order[0]])
+    three_d = next(r for r in order if plans.tp[r] > 1 and plans.pp[r] > 1)
+    plan = plans.row(three_d)
+    assert plan.dp > 1 and plan.zero_stage <= 1 and plan.cp == 1
+    assert tokens[three_d] >= 0.98 * tokens[order[0]]  # 3D or ZeRO-3 over all GPUs: a near tie
     residuals = load_params().residuals  # 1,024 GPUs and seq 8,192 lie inside the fit: no widening
     low, high = mfu * math.exp(residuals.q10), mfu * math.exp(residuals.q90)
     assert low <= 0.43 and high >= 0.38, (low, mfu, high)  # the interval meets Meta's 38-43 %
