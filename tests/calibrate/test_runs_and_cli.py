@@ -204,3 +204,18 @@ def _catalog(name: str):
     from service.catalog import load_gpu
 
     return load_gpu(name)
+
+
+def test_a_runs_file_says_how_its_zero3_called_collectives(tmp_path):
+    data = yaml.safe_load((ROOT / "benchmarks" / "published" / "measurements.yaml").read_text())
+    legacy = next(m for m in data["measurements"] if m.get("zero3_collectives") == "per_tensor_lists")
+    data["measurements"] = [legacy]
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    (run,) = load_runs(path)
+    assert run.workload.zero3_collectives == "per_tensor_lists"
+    data["measurements"][0]["zero3_collectives"] = "per_module"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match=r"measurements\.0\.zero3_collectives") as err:
+        load_runs(path)
+    assert "\n" not in str(err.value)
