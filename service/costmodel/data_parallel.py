@@ -33,13 +33,17 @@ def held_back_gather_fraction(model: ModelSpec, tp: Num, max_live_elements: int)
     (partitioned_param_coordinator.py, 0.19: max_params_to_prefetch = min(max live − available,
     prefetch bucket); v0.3.16 stage3.py: prefetch only `if total_available_parameter_numel <
     max_available_parameters_in_numel`). A module of at least that many elements holds back the gather
-    of the module after it (in backward, of the one before), which then waits whole. It takes matrices
-    of ≥ 1e9 elements (the default): a 530B GPT's QKV and MLP, not a 70B Llama's."""
+    of the module after it, which then waits whole: in forward the next module, in backward the one
+    before (the mean of the two passes, which gather the same bytes). It takes matrices of ≥ 1e9
+    elements (the default): a 530B GPT's QKV and MLP, not a 70B Llama's."""
     sizes = np.array(module_elements_per_block(model), dtype=float)
     tp = np.atleast_1d(np.asarray(tp, dtype=float))
     local = sizes[None, :] / tp[:, None]
-    held = np.roll(local, 1, axis=1) >= max_live_elements  # the module before (the block before's last)
-    return np.asarray((local * held).sum(axis=1) / local.sum(axis=1), dtype=float)
+    # np.roll wraps: the first module's predecessor is the block before's last, and so on.
+    forward = np.roll(local, 1, axis=1) >= max_live_elements
+    backward = np.roll(local, -1, axis=1) >= max_live_elements
+    held = (local * forward).sum(axis=1) + (local * backward).sum(axis=1)
+    return np.asarray(held / (2 * local.sum(axis=1)), dtype=float)
 
 
 def comm_offload_and_optimizer_s(
@@ -88,8 +92,8 @@ def comm_offload_and_optimizer_s(
     # gather the updated parameters in one call; stage 3 gathers each block's weight matrices module by
     # module (DeepSpeed's per-submodule fetch); FSDP one flat parameter per block, and so does
     # Megatron-FSDP (megatron at zero_stage 2-3), whose buckets follow the transformer layers.
-    bucket = ZeroKnobs.for_model(model).reduce_bucket_elements
-    buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, bucket)
+    knobs = ZeroKnobs.for_model(model)
+    buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, knobs.reduce_bucket_elements)
     blocks = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage's
     modules = blocks * model.weight_matrices_per_block
     from_stage = np.array([4 if s is None else s for s in engine_table("block_sharding_from_stage")])
@@ -106,7 +110,6 @@ def comm_offload_and_optimizer_s(
     z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net, reduces)
     # DeepSpeed's prefetch stops at stage3_max_live_parameters (held_back_gather_fraction); FSDP
     # prefetches the next block whatever its size.
-    knobs = ZeroKnobs.for_model(model)
     held = np.where(fsdp, 0.0, held_back_gather_fraction(model, p.tp, knobs.stage3_max_live_parameters))
     unhidden = held * z3.gathers
     # The list copies: one kernel per rank of the sharding group for each gather (forward, backward) and

@@ -87,8 +87,9 @@ def test_an_unknown_style_names_the_field():
 
 def test_deepspeed_holds_back_the_gather_after_a_module_of_a_billion_elements(monkeypatch):
     """DeepSpeed prefetches the next module only under stage3_max_live_parameters (1e9 elements): in a
-    530B GPT block QKV (1.26e9), MLP in and out (1.68e9 each) hold back the gathers of the attention
-    output, of the next block's QKV and of MLP out: (3 + 1 + 4)·h² of 12·h² elements."""
+    530B GPT block QKV (1.26e9), MLP in and out (1.68e9 each) hold back, in forward, the gathers of the
+    attention output, of MLP out and of the next block's QKV ((1 + 4 + 3)·h² of 12·h² elements) and, in
+    backward, of the attention output, MLP in and MLP out ((1 + 4 + 4)·h²)."""
     from service.costmodel.data_parallel import held_back_gather_fraction
 
     gpt530 = ModelSpec(
@@ -100,7 +101,7 @@ def test_deepspeed_holds_back_the_gather_after_a_module_of_a_billion_elements(mo
         mlp="gelu",
         linear_biases=True,
     )
-    assert held_back_gather_fraction(gpt530, 1, 10**9)[0] == pytest.approx(8 / 12)
+    assert held_back_gather_fraction(gpt530, 1, 10**9)[0] == pytest.approx((8 / 12 + 9 / 12) / 2)
     assert held_back_gather_fraction(gpt530, 2, 10**9)[0] == 0.0  # halved by TP, every matrix fits
     for name in ("gpt3-175b", "llama2-70b", "llama3.1-405b"):  # 405B's MLP matrices: 0.87e9
         assert held_back_gather_fraction(load_model(name), 1, 10**9)[0] == 0.0
