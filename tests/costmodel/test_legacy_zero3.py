@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from service.calibrate.runs import load_dataset, workload
+from service.calibrate.runs import load_dataset, model_spec, workload
 from service.catalog import load_gpu, load_model
 from service.costmodel import comm, estimate
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload
@@ -92,15 +92,7 @@ def test_deepspeed_holds_back_the_gather_after_a_module_of_a_billion_elements(mo
     backward, of the attention output, MLP in and MLP out ((1 + 4 + 4)·h²)."""
     from service.costmodel.data_parallel import held_back_gather_fraction
 
-    gpt530 = ModelSpec(
-        num_layers=105,
-        hidden_size=20480,
-        num_attention_heads=128,
-        ffn_hidden_size=81920,
-        vocab_size=51200,
-        mlp="gelu",
-        linear_biases=True,
-    )
+    gpt530 = model_spec(load_dataset(DATA), "gpt-529.6b")  # the published set's 530B GPT
     assert held_back_gather_fraction(gpt530, 1, 10**9)[0] == pytest.approx((8 / 12 + 9 / 12) / 2)
     assert held_back_gather_fraction(gpt530, 2, 10**9)[0] == 0.0  # halved by TP, every matrix fits
     for name in ("gpt3-175b", "llama2-70b", "llama3.1-405b"):  # 405B's MLP matrices: 0.87e9
