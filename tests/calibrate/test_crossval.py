@@ -29,10 +29,16 @@ def test_held_out_sources_are_predicted_by_folds_that_never_saw_them(truth):
 
 
 def test_intervals_narrow_as_runs_are_added(truth):
-    few, _ = calibrate(synthetic_runs(truth, per_source=2, noise=0.05, seed=1), ModelParams(), NAMES)
-    many, _ = calibrate(synthetic_runs(truth, per_source=10, noise=0.05, seed=1), ModelParams(), NAMES)
-    assert few.residuals.n == 6 and many.residuals.n == 30
-    assert _width(many) < _width(few)
+    # Six runs give a noisy width (one draw in five comes out narrower than thirty runs do): compare the
+    # mean over three draws of the noise.
+    def fitted(per_source: int, seed: int) -> ModelParams:
+        runs = synthetic_runs(truth, per_source=per_source, noise=0.05, seed=seed)
+        return calibrate(runs, ModelParams(), NAMES)[0]
+
+    few, many = [fitted(2, s) for s in (1, 2, 3)], [fitted(10, s) for s in (1, 2, 3)]
+    assert all(p.residuals.n == 6 for p in few) and all(p.residuals.n == 30 for p in many)
+    assert np.mean([_width(p) for p in many]) < np.mean([_width(p) for p in few])
+    many = many[0]
     assert many.domain.max_gpus == 128 and "h100-sxm-80gb" in many.domain.gpu_types
 
 

@@ -19,7 +19,7 @@ def test_fit_recovers_known_parameters_from_noisy_runs(truth):
     got = result.params
     assert got["gemm_efficiency_scale"] == pytest.approx(0.85, abs=0.03)
     assert got["step_overhead_s"] == pytest.approx(0.4, abs=0.15)
-    assert got["inter_node_bus_efficiency"] == pytest.approx(0.55, abs=0.1)
+    assert got["inter_node_bus_efficiency"] == pytest.approx(0.6, abs=0.05)
     # Parameters not fitted keep the prior's values; the fit says what it was fit on.
     assert got["attention_backward_ratio"] == ModelParams()["attention_backward_ratio"]
     assert got.fit_runs == len(runs) and got.fit_on == ["source0", "source1", "source2"]

