@@ -58,6 +58,14 @@ def _plan_words(p: dict[str, Any]) -> str:
     )
 
 
+def _network(c: dict[str, Any]) -> str:
+    """The network the estimate assumed, where one is crossed: the infra lead checks it against theirs."""
+    bw = c.get("inter_node_bandwidth_gb_per_s")
+    if not bw or c.get("num_nodes", 1) <= 1:
+        return ""
+    return f", {bw:g} GB/s per GPU between nodes ({bw * 8 * c['gpus_per_node']:,.0f} Gb/s per node)"
+
+
 def decision(r: RunResult) -> list[Block]:
     sel = r.selected
     if sel is None:
@@ -66,7 +74,7 @@ def decision(r: RunResult) -> list[Block]:
     mem = sel.memory_per_gpu_bytes
     text = (
         f"Run **{sel.label}** on {c['num_gpus']} × {c['gpu']} "
-        f"({c['num_nodes']} nodes × {c['gpus_per_node']}): "
+        f"({c['num_nodes']} nodes × {c['gpus_per_node']}{_network(c)}): "
         f"{_plan_words(sel.plan)}. It trains at {with_interval(sel.tokens_per_s, fmt_tokens, ' tokens/s')}, "
         f"taking {with_interval(sel.hours, fmt_hours, ' h')} and costing "
         f"{with_interval(sel.dollars, fmt_dollars)} with interruptions, checkpoints and restarts included. "

@@ -282,6 +282,7 @@ def _cluster_info(s: Scored) -> dict[str, Any]:
         "num_gpus": c.num_gpus,
         "price_per_gpu_hour_usd": c.price_usd_per_gpu_hour,
         "hbm_gib": c.gpu.hbm_gib,
+        "inter_node_bandwidth_gb_per_s": c.gpu.inter_node_bandwidth_gb_per_s,
     }
 
 

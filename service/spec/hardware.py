@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class GPUSpec(BaseModel):
@@ -84,6 +84,22 @@ class ClusterSpec(BaseModel):
     price_per_gpu_hour_usd: float | None = Field(
         None, ge=0, description="Overrides the catalog's price per GPU-hour (USD)."
     )
+    inter_node_bandwidth_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Overrides the catalog's network line rate per GPU between nodes (GB/s): the catalog "
+        "assumes one 400 Gb/s NIC per H100 (50); a node with 800 Gb/s for its 8 GPUs is 12.5.",
+    )
+
+    @model_validator(mode="after")
+    def _network(self) -> ClusterSpec:
+        # Clouds often give a node a fraction of DGX's one NIC per GPU (fms-fsdp's H100s: 800 Gb/s per
+        # node); every cost-model term reads the GPU spec, so the override lands there.
+        bw = self.inter_node_bandwidth_gb_per_s
+        if bw is not None and bw != self.gpu.inter_node_bandwidth_gb_per_s:
+            gpu = self.gpu.model_copy(update={"inter_node_bandwidth_gb_per_s": bw})
+            object.__setattr__(self, "gpu", gpu)
+        return self
 
     @field_validator("gpu", mode="before")
     @classmethod

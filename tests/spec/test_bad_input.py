@@ -37,7 +37,16 @@ def error_of(path: Path) -> SpecError:
             "nmae",
             "unknown field; allowed: alternatives, budget, cluster, engines, goodput, model, name",
         ),
-        (lambda d: d["cluster"].update(gpus=8), "cluster.gpus", "allowed: gpu, gpus_per_node, num_nodes"),
+        (
+            lambda d: d["cluster"].update(gpus=8),
+            "cluster.gpus",
+            "allowed: gpu, gpus_per_node, inter_node_bandwidth_gb_per_s, num_nodes",
+        ),
+        (
+            lambda d: d["cluster"].update(inter_node_bandwidth_gb_per_s=0),
+            "cluster.inter_node_bandwidth_gb_per_s",
+            "greater than 0",
+        ),
         (lambda d: d["budget"].update(max_dollars=-1), "budget.max_dollars", "greater than 0"),
         (lambda d: d["budget"].update(max_hours=0), "budget.max_hours", "greater than 0"),
         (lambda d: d["budget"].update(memory_headroom=1.0), "budget.memory_headroom", "less than 1"),

@@ -1,0 +1,46 @@
+"""A cluster's own network: `inter_node_bandwidth_gb_per_s` replaces the catalog's NIC rate per GPU, and
+the cost model and the memo use it."""
+
+from __future__ import annotations
+
+from service.catalog import load_model
+from service.costmodel import estimate
+from service.report.memo import _network
+from service.spec import ClusterSpec, Plan, Workload
+
+WORKLOAD = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
+
+
+def test_the_override_reaches_the_gpu_spec_and_survives_a_round_trip():
+    catalog = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    cloud = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, inter_node_bandwidth_gb_per_s=12.5)
+    assert catalog.gpu.inter_node_bandwidth_gb_per_s == 50.0  # one 400 Gb/s NIC per H100
+    assert cloud.gpu.inter_node_bandwidth_gb_per_s == 12.5
+    assert ClusterSpec.model_validate(cloud.model_dump()) == cloud
+    assert cloud.gpu.intra_node_bandwidth_gb_per_s == catalog.gpu.intra_node_bandwidth_gb_per_s
+
+
+def test_a_slower_network_slows_plans_that_cross_it_and_no_others():
+    model = load_model("llama2-13b")
+    zero3 = Plan(dp=32, zero_stage=3, micro_batch=1, grad_accum=4)
+    fast = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    slow = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, inter_node_bandwidth_gb_per_s=6.25)
+    a, b = estimate(model, fast, zero3, WORKLOAD), estimate(model, slow, zero3, WORKLOAD)
+    # 13 B parameters gathered twice and reduce-scattered per micro-batch over 400 Gb/s per node.
+    assert b.time_breakdown_s.dp_comm > 2 * a.time_breakdown_s.dp_comm
+    assert b.tokens_per_s < 0.95 * a.tokens_per_s
+    one_node = Plan(dp=8, zero_stage=3, micro_batch=1, grad_accum=16)
+    node_fast = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1)
+    node_slow = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1, inter_node_bandwidth_gb_per_s=6.25)
+    w8 = WORKLOAD.model_copy(update={"global_batch_sequences": 128})
+    assert (
+        estimate(model, node_slow, one_node, w8).tokens_per_s
+        == estimate(model, node_fast, one_node, w8).tokens_per_s
+    )
+
+
+def test_the_memo_states_the_network_it_assumed_when_nodes_are_crossed():
+    info = {"num_nodes": 4, "gpus_per_node": 8, "inter_node_bandwidth_gb_per_s": 12.5}
+    assert _network(info) == ", 12.5 GB/s per GPU between nodes (800 Gb/s per node)"
+    assert _network({**info, "num_nodes": 1}) == ""
+    assert _network({"num_nodes": 4, "gpus_per_node": 8}) == ""  # results written before the field
