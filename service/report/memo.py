@@ -63,7 +63,7 @@ def _network(c: dict[str, Any]) -> str:
     bw = c.get("inter_node_bandwidth_gb_per_s")
     if not bw or c.get("num_nodes", 1) <= 1:
         return ""
-    return f", {bw:g} GB/s per GPU between nodes ({bw * 8 * c['gpus_per_node']:,.0f} Gb/s per node)"
+    return f"; between nodes {bw * 8 * c['gpus_per_node']:,.0f} Gb/s per node, {bw:g} GB/s per GPU"
 
 
 def decision(r: RunResult) -> list[Block]:

@@ -41,6 +41,6 @@ def test_a_slower_network_slows_plans_that_cross_it_and_no_others():
 
 def test_the_memo_states_the_network_it_assumed_when_nodes_are_crossed():
     info = {"num_nodes": 4, "gpus_per_node": 8, "inter_node_bandwidth_gb_per_s": 12.5}
-    assert _network(info) == ", 12.5 GB/s per GPU between nodes (800 Gb/s per node)"
+    assert _network(info) == "; between nodes 800 Gb/s per node, 12.5 GB/s per GPU"
     assert _network({**info, "num_nodes": 1}) == ""
     assert _network({"num_nodes": 4, "gpus_per_node": 8}) == ""  # results written before the field
