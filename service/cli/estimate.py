@@ -136,6 +136,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="USD per GPU-hour (default: the GPU catalog's).",
     )
+    a(
+        "--inter-node-bandwidth",
+        type=finite_float,
+        default=None,
+        help="Network line rate per GPU between nodes, GB/s (default: the GPU catalog's; 800 Gb/s per "
+        "8-GPU node is 12.5).",
+    )
     a("--params", default=None, help="Cost-model parameter set (YAML; default: the shipped set).")
     a("--json", action="store_true", help="Print JSON instead of a table.")
 
@@ -177,6 +184,14 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         if args.price_per_gpu_hour < 0:
             raise SpecError("--price-per-gpu-hour", f"must be 0 or more, got {args.price_per_gpu_hour}")
         cluster = cluster.model_copy(update={"price_per_gpu_hour_usd": args.price_per_gpu_hour})
+    if args.inter_node_bandwidth is not None:
+        if args.inter_node_bandwidth <= 0:
+            raise SpecError(
+                "--inter-node-bandwidth", f"must be more than 0 GB/s, got {args.inter_node_bandwidth}"
+            )
+        # Validated, not model_copy'd: the validator carries the rate into the GPU spec the model reads.
+        update = {"inter_node_bandwidth_gb_per_s": args.inter_node_bandwidth}
+        cluster = ClusterSpec.model_validate({**cluster.model_dump(), **update})
     values = dict(
         dp=max(1, args.gpus // (args.tp * args.pp * args.cp)), tp=args.tp, pp=args.pp, cp=args.cp,
         zero_stage=args.zero,

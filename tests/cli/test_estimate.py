@@ -58,6 +58,10 @@ def test_estimate_flags_change_the_numbers_the_right_way(capsys):
     priced = run_json(capsys, "--zero", "3", "--price-per-gpu-hour", "1.5", "--tokens-to-train", "2e9")
     assert priced["dollars"] == pytest.approx(priced["hours"] * 32 * 1.5)
     assert priced["hours"] == pytest.approx(2 * z3["hours"])
+    # 800 Gb/s per 8-GPU node instead of a 400 Gb/s NIC per GPU: ZeRO-3's gathers cross a slower network.
+    cloud = run_json(capsys, "--zero", "3", "--micro-batch", "1", "--inter-node-bandwidth", "12.5")
+    assert cloud["time_breakdown_s"]["dp_comm"] > 2 * z3["time_breakdown_s"]["dp_comm"]
+    assert cloud["tokens_per_s"] < z3["tokens_per_s"]
     eager = run_json(capsys, "--zero", "3", "--micro-batch", "1", "--no-flash-attention")
     assert eager["inputs"]["flash_attention"] is False
     assert eager["step_time_s"] > z3["step_time_s"]  # unfused attention is slower
@@ -90,6 +94,7 @@ def test_estimate_table_output(capsys):
         (["--price-per-gpu-hour", "inf"], ["--price-per-gpu-hour", "must be a finite number"]),
         (["--headroom", "abc"], ["--headroom", "not a number"]),
         (["--price-per-gpu-hour", "-2"], ["--price-per-gpu-hour"]),
+        (["--inter-node-bandwidth", "0"], ["--inter-node-bandwidth", "more than 0"]),
         (["--gpus", "0"], ["--gpus", "positive integer"]),
         (["--zero", "4"], ["--zero", "choose from 0, 1, 2, 3"]),
         (["--recompute", "some"], ["--recompute", "'selective'"]),
