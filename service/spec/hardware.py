@@ -88,7 +88,8 @@ class ClusterSpec(BaseModel):
         None,
         gt=0,
         description="Overrides the catalog's network line rate per GPU between nodes (GB/s): the catalog "
-        "assumes one 400 Gb/s NIC per H100 (50); a node with 800 Gb/s for its 8 GPUs is 12.5.",
+        "assumes one 400 Gb/s NIC per H100 (50); a node with 800 Gb/s for its 8 GPUs is 12.5. Applied when "
+        "the spec is validated (construct or model_validate it; model_copy(update=...) skips that).",
     )
 
     @model_validator(mode="after")
