@@ -117,7 +117,11 @@ def perturbed_clusters(cluster: ClusterSpec) -> list[tuple[str, ClusterSpec]]:
             }
         )
         out.append((f"GPU efficiency {word}20 %", cluster.model_copy(update={"gpu": eff})))
-        out.append((f"network bandwidth {word}20 %", cluster.model_copy(update={"gpu": bw})))
+        # A cluster's own network (inter_node_bandwidth_gb_per_s) moves with it, or re-validating the
+        # scenario would put the unmoved figure back into the GPU spec.
+        own = cluster.inter_node_bandwidth_gb_per_s
+        network = {"gpu": bw, "inter_node_bandwidth_gb_per_s": None if own is None else own * f}
+        out.append((f"network bandwidth {word}20 %", cluster.model_copy(update=network)))
         price = cluster.price_usd_per_gpu_hour * f
         out.append((f"price {word}20 %", cluster.model_copy(update={"price_per_gpu_hour_usd": price})))
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from service.catalog import load_model
 from service.costmodel import estimate
 from service.report.memo import _network
+from service.run.decide import perturbed_clusters
 from service.spec import ClusterSpec, Plan, Workload
 
 WORKLOAD = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=2e9)
@@ -44,3 +45,12 @@ def test_the_memo_states_the_network_it_assumed_when_nodes_are_crossed():
     assert _network(info) == "; between nodes 800 Gb/s per node, 12.5 GB/s per GPU"
     assert _network({**info, "num_nodes": 1}) == ""
     assert _network({"num_nodes": 4, "gpus_per_node": 8}) == ""  # results written before the field
+
+
+def test_the_bandwidth_scenario_moves_a_clusters_own_network_and_survives_revalidation():
+    cloud = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4, inter_node_bandwidth_gb_per_s=12.5)
+    scenarios = dict(perturbed_clusters(cloud))
+    low = scenarios["network bandwidth −20 %"]
+    assert low.gpu.inter_node_bandwidth_gb_per_s == 10.0
+    assert ClusterSpec.model_validate(low.model_dump()).gpu.inter_node_bandwidth_gb_per_s == 10.0
+    assert scenarios["GPU efficiency −20 %"].gpu.inter_node_bandwidth_gb_per_s == 12.5
