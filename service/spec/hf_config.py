@@ -27,6 +27,9 @@ PLAIN_MLP = frozenset(
     {"gpt2", "gpt_neo", "gpt_neox", "opt", "bloom", "falcon", "mpt", "gptj", "gpt_bigcode", "starcoder2"}
     | {"nemotron"}
 )
+# Architectures whose every linear layer and norm carries a bias (GPT-2, GPT-NeoX, BLOOM, StarCoder);
+# the others say it in a config field (`_linear_biases`). GPT-Neo and GPT-J leave some out: not biased.
+BIASED = frozenset({"gpt2", "gpt_neox", "bloom", "gpt_bigcode"})
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 MAX_LAYERS = 10_000  # transformers builds per-layer lists in some configs: a huge count would hang there
 
@@ -95,6 +98,22 @@ def _kv_heads(cfg: Any) -> int | None:
     return int(value) if value else None
 
 
+def _linear_biases(cfg: Any) -> bool:
+    """Whether every linear layer carries a bias (`ModelSpec.linear_biases`), from the config's own
+    switch where the architecture has one (OPT `enable_bias`, MPT `no_bias`, Falcon `bias`, StarCoder2
+    `use_bias`, Llama-family `attention_bias` and `mlp_bias`, both off by default)."""
+    kind = cfg.model_type
+    if kind in BIASED:
+        return True
+    switches = {"opt": ("enable_bias", True), "falcon": ("bias", False), "starcoder2": ("use_bias", True)}
+    if kind in switches:
+        key, default = switches[kind]
+        return bool(getattr(cfg, key, default))
+    if kind == "mpt":
+        return not bool(getattr(cfg, "no_bias", True))
+    return bool(getattr(cfg, "attention_bias", False)) and bool(getattr(cfg, "mlp_bias", False))
+
+
 def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str | None = None) -> ModelSpec:
     """`ModelSpec` fields from a config.json's dict (see the module docstring for what is refused).
 
@@ -161,4 +180,5 @@ def _fields(cfg: Any, name: str, where: str) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
         "mlp": mlp,
         "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
+        "linear_biases": _linear_biases(cfg),
     }

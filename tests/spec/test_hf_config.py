@@ -88,6 +88,31 @@ def test_grouped_query_and_plain_mlp_architectures() -> None:
     assert (mpt.num_layers, mpt.hidden_size, mpt.ffn_hidden_size, mpt.kv_heads) == (32, 4096, 16384, 32)
 
 
+def test_biases_follow_the_architecture_or_its_switch() -> None:
+    # GPT-2 biases every linear layer and LayerNorm; Llama none unless both of its switches are on;
+    # MPT's default no_bias drops them; OPT's enable_bias and Falcon's bias say it outright.
+    assert model_spec_from_hf(GPT2_XL).linear_biases
+    assert not model_spec_from_hf(LLAMA2_13B).linear_biases
+    assert not model_spec_from_hf({**LLAMA2_13B, "attention_bias": True}).linear_biases
+    assert model_spec_from_hf({**LLAMA2_13B, "attention_bias": True, "mlp_bias": True}).linear_biases
+    assert not model_spec_from_hf(MPT_7B).linear_biases
+    assert model_spec_from_hf({**MPT_7B, "no_bias": False}).linear_biases
+    opt = {"model_type": "opt", "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16}
+    opt |= {"ffn_dim": 4096, "vocab_size": 50272}
+    assert (
+        model_spec_from_hf(opt).linear_biases
+        and not model_spec_from_hf({**opt, "enable_bias": False}).linear_biases
+    )
+    falcon = {"model_type": "falcon", "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71}
+    falcon |= {"vocab_size": 65024}
+    assert (
+        not model_spec_from_hf(falcon).linear_biases
+        and model_spec_from_hf({**falcon, "bias": True}).linear_biases
+    )
+    # Tensors, not elements: a biased GPT block is 12 tensors for DeepSpeed's 2021 per-tensor collectives.
+    assert model_spec_from_hf(GPT2_XL).parameter_tensors_per_block == 12
+
+
 @pytest.mark.parametrize(
     ("data", "field", "words"),
     [
