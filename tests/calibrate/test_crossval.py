@@ -38,8 +38,8 @@ def test_intervals_narrow_as_runs_are_added(truth):
     few, many = [fitted(2, s) for s in (1, 2, 3)], [fitted(10, s) for s in (1, 2, 3)]
     assert all(p.residuals.n == 6 for p in few) and all(p.residuals.n == 30 for p in many)
     assert np.mean([_width(p) for p in many]) < np.mean([_width(p) for p in few])
-    many = many[0]
-    assert many.domain.max_gpus == 128 and "h100-sxm-80gb" in many.domain.gpu_types
+    domain = many[0].domain
+    assert domain.max_gpus == 128 and "h100-sxm-80gb" in domain.gpu_types
 
 
 def test_interval_widens_outside_the_fitted_domain():

@@ -33,10 +33,9 @@ def test_a_slower_network_slows_plans_that_cross_it_and_no_others():
     one_node = Plan(dp=8, zero_stage=3, micro_batch=1, grad_accum=16)
     node_fast = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1)
     node_slow = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1, inter_node_bandwidth_gb_per_s=6.25)
-    w8 = WORKLOAD.model_copy(update={"global_batch_sequences": 128})
     assert (
-        estimate(model, node_slow, one_node, w8).tokens_per_s
-        == estimate(model, node_fast, one_node, w8).tokens_per_s
+        estimate(model, node_slow, one_node, WORKLOAD).tokens_per_s
+        == estimate(model, node_fast, one_node, WORKLOAD).tokens_per_s
     )
 
 
