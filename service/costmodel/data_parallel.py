@@ -80,7 +80,9 @@ def comm_offload_and_optimizer_s(
     flatten_for_scatter_gather copies every input in). Those n launches per call cost the host n kernel
     launches; DeepSpeed synchronises the device before each gather (`torch.cuda.synchronize()` in
     `_allgather_param`), so nothing queued hides them. DeepSpeed 0.6 moved to one flat
-    `_all_gather_base` per module and `reduce_scatter_coalesced` per bucket.
+    `_all_gather_base` per module and `reduce_scatter_coalesced` per bucket. The same versions
+    synchronise the device before every module's backward, so their gradient reduce-scatters are not
+    overlapped (see `unhidden` below).
     """
     gpn = cluster.gpus_per_node
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
@@ -111,7 +113,12 @@ def comm_offload_and_optimizer_s(
     # DeepSpeed's prefetch stops at stage3_max_live_parameters (held_back_gather_fraction); FSDP
     # prefetches the next block whatever its size.
     held = np.where(fsdp, 0.0, held_back_gather_fraction(model, p.tp, knobs.stage3_max_live_parameters))
-    unhidden = held * z3.gathers
+    # DeepSpeed before 0.6 also synchronises the whole device whenever a module's parameters are in
+    # flight or need gathering (stage3.py v0.3.16-v0.5.10 `fetch_sub_module` → `_synchronize_communication`:
+    # `torch.cuda.synchronize()`; 0.6 waits on per-gather events instead). The reduce-scatter that a
+    # module's gradients start once its backward is done must therefore finish before the host launches
+    # anything of the module before it: it hides behind no compute.
+    unhidden = held * z3.gathers + np.where(legacy, z3.reduces, 0.0)
     # The list copies: one kernel per rank of the sharding group for each gather (forward, backward) and
     # each gradient reduce-scatter of a micro-batch, launched by the host (see the docstring).
     launches = np.where(legacy, (2 * gathers + reduces) * hz.shard_ranks(p), 0.0)

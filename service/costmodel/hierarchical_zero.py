@@ -54,6 +54,7 @@ class Zero3Comm:
     per_micro_batch: np.ndarray
     per_step: np.ndarray
     gathers: np.ndarray  # the forward and backward parameter gathers alone (part of per_micro_batch)
+    reduces: np.ndarray  # the gradient reduce-scatters alone (part of per_micro_batch)
 
 
 def zero3_collectives_s(
@@ -92,4 +93,5 @@ def zero3_collectives_s(
         np.asarray(per_micro_batch, dtype=float),
         np.asarray(per_step, dtype=float),
         np.asarray(forward + backward, dtype=float),
+        np.asarray(reduce, dtype=float),
     )

@@ -1,5 +1,6 @@
 """DeepSpeed's ZeRO-3 before 0.6 (Workload.zero3_collectives = "per_tensor_lists"): one reduce-scatter per
-parameter tensor, and PyTorch's list collectives launching one copy kernel per rank for every call."""
+parameter tensor, PyTorch's list collectives launching one copy kernel per rank for every call, and a
+device synchronise before every module that leaves the reduce-scatters unhidden."""
 
 from dataclasses import replace
 
@@ -57,6 +58,24 @@ def test_per_tensor_lists_add_the_copies_and_the_extra_reduce_scatters():
         Plan(dp=768, zero_stage=3, micro_batch=2, grad_accum=1, recompute="full"), "per_tensor_lists", 768
     )
     assert half < legacy
+
+
+def test_legacy_reduce_scatters_hide_behind_nothing():
+    """At 384 GPUs with 4 sequences each, the compute hides every flat collective (each costs only its
+    overlap contention). DeepSpeed before 0.6 synchronises the device before each module's backward, so
+    its 12 reduce-scatters per block show whole, beside the list copies; its gathers still hide."""
+    plan = Plan(dp=384, zero_stage=3, micro_batch=4, grad_accum=1, recompute="full")
+    flat, legacy = _dp_comm(plan, "flat", 384), _dp_comm(plan, "per_tensor_lists", 384)
+    grads = 2 * GPT3.num_params  # bf16 gradients, tp = pp = 1: the whole model on every rank
+
+    def reduce_scatters(calls: int) -> float:
+        return float(comm.reduce_scatter_time_s(grads, 384, 1, 8, A100, calls * GPT3.num_layers))
+
+    copies = (2 * 4 + 12) * GPT3.num_layers * 384 * A100.kernel_overhead_us * 1e-6
+    kappa = PRIOR["overlap_contention"]
+    gathers_hidden = flat - kappa * reduce_scatters(4)  # what the flat gathers cost behind compute
+    assert flat < 0.4 * reduce_scatters(12)
+    assert legacy == pytest.approx(reduce_scatters(12) + copies + gathers_hidden, rel=1e-6)
 
 
 @pytest.mark.parametrize(
