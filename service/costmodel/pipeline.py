@@ -25,10 +25,18 @@ def pp_comm_per_micro_batch_s(
     many messages, Narayanan et al. 2021 §2.2.2). A hop crosses nodes once tp·dp·cp fills a node
     (comm.py's placement). With --overlap-p2p-communication (interleaved schedule only) each chunk's
     sends and receives run while the next chunk computes (megatron/core/pipeline_parallel/schedules.py,
-    `forward_backward_pipelining_with_interleaving`, `overlap_p2p_comm`)."""
+    `forward_backward_pipelining_with_interleaving`, `overlap_p2p_comm`).
+
+    Megatron and torch.distributed.pipelining post an exchange's send and receive together, so a stage
+    pays one transfer per neighbour and micro-batch. DeepSpeed's PipelineEngine makes each a blocking
+    call of its own (`pipeline_blocking_p2p`): a middle stage receives the activation and sends the
+    gradient back to the stage before, then sends its activation and receives the gradient from the
+    stage after, four transfers one after the other; with two stages each has one neighbour, two."""
     v = p.virtual_stages
     crosses = p.dp * p.tp * p.cp >= cluster.gpus_per_node
-    sends = np.where(p.pp > 1, 2 * v * _pipeline_send_s(cluster, p, hidden_bytes, crosses, gpu, net), 0.0)
+    transfers = np.where(p.engine_column("pipeline_blocking_p2p") & (p.pp > 2), 4, 2)
+    send = _pipeline_send_s(cluster, p, hidden_bytes, crosses, gpu, net)
+    sends = np.where(p.pp > 1, transfers * v * send, 0.0)
     hidden = p.comm_overlap & (v > 1)
     return np.asarray(
         np.where(hidden, comm.overlapped_exposed_s(sends, micro_batch_compute_s, contention), sends),

@@ -72,6 +72,9 @@ class EngineRules(BaseModel):
     block_sharding_from_stage: int | None = Field(ge=0, le=3)  # per-block gather/reduce from this stage
     tp_backward_overlap: bool  # input-gradient TP collective behind the weight-gradient GEMM
     pipeline_scatter_gather: bool  # pipeline sends split over the TP ranks, all-gathered after
+    # Each stage-boundary send and receive a blocking call of its own, so a middle stage's two exchanges
+    # with a neighbour run one after the other (four transfers per micro-batch, not two).
+    pipeline_blocking_p2p: bool
     # Per field: where it is documented, and the start of the error for a plan that breaks it.
     sources: dict[str, str]
     why: dict[str, str] = Field(default_factory=dict)

@@ -175,12 +175,14 @@ def test_interleaved_schedule_cuts_the_bubble_by_its_virtual_stages():
 def test_pipeline_sends_split_over_tensor_parallel_ranks_where_the_engine_does():
     """A stage boundary moves tokens·h·d bytes per tensor-parallel rank from DeepSpeed's PipelineEngine;
     1/tp of it with sequence parallelism (the rank's sequence chunk) or from Megatron-LM, which also
-    all-gathers the chunks over NVLink when SP is off (Narayanan et al. 2021, §4.1)."""
+    all-gathers the chunks over NVLink when SP is off (Narayanan et al. 2021, §4.1). Megatron posts an
+    exchange's send and receive together: two transfers per micro-batch. DeepSpeed's blocking sends and
+    receives run one after the other: a middle stage of four pays four; with two stages, two."""
     from service.costmodel import estimate_table
     from service.spec.plan_table import ENGINE_CODES, PlanTable
 
-    def pp_comm(engine: str, sp: bool) -> float:
-        cols = dict(dp=1, tp=8, pp=4, zero_stage=1, micro_batch=1, grad_accum=16, recompute=2, precision=0)
+    def pp_comm(engine: str, sp: bool, pp: int = 4) -> float:
+        cols = dict(dp=1, tp=8, pp=pp, zero_stage=1, micro_batch=1, grad_accum=16, recompute=2, precision=0)
         cols |= dict(offload_optimizer=False, offload_params=False, sequence_parallel=sp)
         cols |= dict(engine=ENGINE_CODES.index(engine))
         table = PlanTable.from_columns(**{k: np.asarray([x]) for k, x in cols.items()})
@@ -191,10 +193,13 @@ def test_pipeline_sends_split_over_tensor_parallel_ranks_where_the_engine_does()
     send = comm.p2p_time_s(whole, True, H100)  # tp 8 fills the node: every stage hop crosses it
     chunk = comm.p2p_time_s(whole / 8, True, H100)
     gather = comm.all_gather_time_s(whole, 8, 1, 8, H100)
-    assert pp_comm("deepspeed", False) == pytest.approx(16 * 2 * float(send))
-    assert pp_comm("deepspeed", True) == pytest.approx(16 * 2 * float(chunk))
+    assert pp_comm("deepspeed", False) == pytest.approx(16 * 4 * float(send))
+    assert pp_comm("deepspeed", True) == pytest.approx(16 * 4 * float(chunk))
+    assert pp_comm("deepspeed", False, pp=2) == pytest.approx(16 * 2 * float(send))
     assert pp_comm("megatron", True) == pytest.approx(16 * 2 * float(chunk))
     assert pp_comm("megatron", False) == pytest.approx(16 * 2 * float(chunk + gather))
+    assert pp_comm("megatron", False, pp=2) == pp_comm("megatron", False)
+    assert pp_comm("fsdp", False) == pytest.approx(16 * 2 * float(send))
     assert pp_comm("megatron", False) < pp_comm("deepspeed", False) / 3
 
 
