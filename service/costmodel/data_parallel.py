@@ -46,6 +46,35 @@ def held_back_gather_fraction(model: ModelSpec, tp: Num, max_live_elements: int)
     return np.asarray(held / (2 * local.sum(axis=1)), dtype=float)
 
 
+def regathered_fraction(model: ModelSpec, tp: Num, max_reuse_elements: int) -> np.ndarray:
+    """Share of a block's weights that DeepSpeed's ZeRO-3 gathers a third time when the block is fully
+    recomputed. Backward re-runs the block's forward (gathering every module again) and then runs the
+    modules' backward in reverse. After a module's recomputed forward DeepSpeed keeps its parameters
+    only if their next use, that module's backward, comes before the modules in between hold
+    `stage3_max_reuse_distance` elements (partitioned_param_coordinator.py, 0.19 `__params_to_release`:
+    it scans the trace from the next module and stops at the limit; v0.3.16 `_keep_for_later`, the same
+    test). Between module j's recomputed forward and its backward lie the modules after it, twice
+    (forward and backward): kept when 2·Σ(later modules) < the limit, gathered again otherwise. In a
+    175B or 530B GPT block all but the MLP-out are gathered again (two thirds of the weights); in a
+    Llama-2-70B block the attention projections (18 %); in a 13B block none."""
+    local, again = _regathered(model, tp, max_reuse_elements)
+    return np.asarray((local * again).sum(axis=1) / local.sum(axis=1), dtype=float)
+
+
+def regathered_modules(model: ModelSpec, tp: Num, max_reuse_elements: int) -> np.ndarray:
+    """How many of a block's modules `regathered_fraction` gathers a third time (one call each)."""
+    return np.asarray(_regathered(model, tp, max_reuse_elements)[1].sum(axis=1), dtype=float)
+
+
+def _regathered(model: ModelSpec, tp: Num, max_reuse_elements: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per plan (rows) and module (columns): its elements on one TP rank, and whether it is regathered."""
+    sizes = np.array(module_elements_per_block(model), dtype=float)
+    tp = np.atleast_1d(np.asarray(tp, dtype=float))
+    local = sizes[None, :] / tp[:, None]
+    later = np.cumsum(local[:, ::-1], axis=1)[:, ::-1] - local  # Σ of the modules after each one
+    return local, 2 * later >= max_reuse_elements
+
+
 def comm_offload_and_optimizer_s(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -110,6 +139,15 @@ def comm_offload_and_optimizer_s(
     tensors = blocks * model.parameter_tensors_per_block
     reduces = np.where(legacy, tensors, collectives)
     z3 = hz.zero3_collectives_s(p, params_b, grads_b, gpn, gpu, collectives, net, reduces)
+    # A fully recomputed block gathers its weights in forward and in the recomputed forward; DeepSpeed
+    # gathers a share of them once more for backward (regathered_fraction). FSDP's recompute runs inside
+    # the unit whose backward gather it uses.
+    third = ~fsdp & (p.recompute == 2)
+    reuse = knobs.stage3_max_reuse_distance
+    regather = np.where(third, regathered_fraction(model, p.tp, reuse), 0.0)
+    per_micro_batch = z3.per_micro_batch + regather * z3.backward_gather
+    # One more gather call per regathered module and block (the legacy list copies count calls).
+    regather_calls = np.where(third, regathered_modules(model, p.tp, reuse) * blocks, 0.0)
     # DeepSpeed's prefetch stops at stage3_max_live_parameters (held_back_gather_fraction); FSDP
     # prefetches the next block whatever its size.
     held = np.where(fsdp, 0.0, held_back_gather_fraction(model, p.tp, knobs.stage3_max_live_parameters))
@@ -121,7 +159,7 @@ def comm_offload_and_optimizer_s(
     unhidden = held * z3.gathers + np.where(legacy, z3.reduces, 0.0)
     # The list copies: one kernel per rank of the sharding group for each gather (forward, backward) and
     # each gradient reduce-scatter of a micro-batch, launched by the host (see the docstring).
-    launches = np.where(legacy, (2 * gathers + reduces) * hz.shard_ranks(p), 0.0)
+    launches = np.where(legacy, (2 * gathers + regather_calls + reduces) * hz.shard_ranks(p), 0.0)
     list_copies = launches * gpu.kernel_overhead_us * 1e-6
     ga = p.grad_accum
 
@@ -157,7 +195,7 @@ def comm_offload_and_optimizer_s(
             np.where(overlap, behind_chunks(reduce, bwd) + behind_chunks(ag, fwd), behind(reduce, bwd) + ag),
             ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
-        ga * (behind(z3.per_micro_batch - unhidden, fwd + bwd) + unhidden + list_copies) + z3.per_step,
+        ga * (behind(per_micro_batch - unhidden, fwd + bwd) + unhidden + list_copies) + z3.per_step,
     )
     shards = hz.shard_ranks(p)
     shard = psi / np.where(p.zero_stage >= 1, shards, 1)

@@ -54,6 +54,7 @@ class Zero3Comm:
     per_micro_batch: np.ndarray
     per_step: np.ndarray
     gathers: np.ndarray  # the forward and backward parameter gathers alone (part of per_micro_batch)
+    backward_gather: np.ndarray  # one backward pass's gather alone (hpZ's secondary shard where it has one)
     reduces: np.ndarray  # the gradient reduce-scatters alone (part of per_micro_batch)
 
 
@@ -93,5 +94,6 @@ def zero3_collectives_s(
         np.asarray(per_micro_batch, dtype=float),
         np.asarray(per_step, dtype=float),
         np.asarray(forward + backward, dtype=float),
+        np.asarray(backward, dtype=float),
         np.asarray(reduce, dtype=float),
     )

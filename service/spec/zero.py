@@ -28,6 +28,9 @@ class ZeroKnobs:
     stage3_prefetch_bucket_elements: int
     stage3_param_persistence_threshold: int  # params with fewer elements stay whole on every rank
     stage3_max_live_parameters: int = 1_000_000_000
+    # A parameter released after a module is kept gathered when its next use comes within this many
+    # elements of other modules' parameters (DeepSpeed's default, `stage3_max_reuse_distance`).
+    stage3_max_reuse_distance: int = 1_000_000_000
 
     @classmethod
     def for_model(cls, model: ModelSpec) -> ZeroKnobs:

@@ -52,6 +52,7 @@ def _zero_section(plan: Plan, knobs: ZeroKnobs) -> dict[str, Any]:
                 "stage3_param_persistence_threshold": knobs.stage3_param_persistence_threshold,
                 "stage3_prefetch_bucket_size": knobs.stage3_prefetch_bucket_elements,
                 "stage3_max_live_parameters": knobs.stage3_max_live_parameters,
+                "stage3_max_reuse_distance": knobs.stage3_max_reuse_distance,
             }
         )
     zero.update(hierarchical_zero_config(plan))  # ZeRO++ hpZ/qwZ/qgZ (stage 3)

@@ -41,6 +41,8 @@ def test_zero_buffers_are_the_knobs_the_cost_model_prices(stage):
         if stage == 3:
             assert zero["stage3_param_persistence_threshold"] == knobs.stage3_param_persistence_threshold
             assert zero["stage3_prefetch_bucket_size"] == knobs.stage3_prefetch_bucket_elements
+            assert zero["stage3_max_live_parameters"] == knobs.stage3_max_live_parameters
+            assert zero["stage3_max_reuse_distance"] == knobs.stage3_max_reuse_distance == 10**9
             # the norms (h elements) stay whole in the run, as the cost model prices them
             assert h < zero["stage3_param_persistence_threshold"]
             assert float(memory.zero3_persistent_params(model, 1, 1)) == (2 * model.num_layers + 1) * h
