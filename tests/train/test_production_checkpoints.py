@@ -19,9 +19,11 @@ PLAN = "dp16-tp2-pp1-z1-mb2-ga4-rc:none-sp"
 
 
 def _young_daly_steps(path, rate: float, steps: int) -> int:
-    """Written from the formula: τ = sqrt(2·C·M), C = 14 B/param ÷ (0.122 GB/s per GPU · 32), M = 1/(λ·32)."""
+    """Written from the formula: τ = sqrt(2·C·M), C = 14 B/param ÷ (2 TB/s ÷ 16,384 GPUs · 32), M = 1/(λ·32).
+    (The storage rate is Llama 3's 2 TB/s over its 16,384 GPUs, 0.1220703 GB/s per GPU: rounded to
+    0.122 it moved the floor of τ / step by one step.)"""
     spec = load_experiment(path)
-    ckpt_s = 14 * load_model("llama2-13b").num_params / (0.122e9 * 32)
+    ckpt_s = 14 * load_model("llama2-13b").num_params / (2e12 / 16384 * 32)
     tau_s = math.sqrt(2 * ckpt_s * 3600 / (rate * 32))
     run = ProductionRun(spec, PLAN, track=False)
     step_s = estimate(spec.model, spec.cluster, run.plan, spec.workload).step_time_s
