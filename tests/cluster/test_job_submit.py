@@ -16,7 +16,9 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -29,10 +31,31 @@ from service.planner import Planner
 from service.spec.errors import SpecError
 
 
+def _accepts_a_job(cluster: LocalCluster, workdir: Path) -> bool:
+    """A trivial job (an empty working dir, `python -c pass`) runs to SUCCEEDED on the head."""
+    try:
+        command = ["python", "-c", "pass"]
+        job = submit_job(cluster.dashboard_url, command, working_dir=workdir, token=cluster.token)
+        return wait_for_job(job, timeout_s=120).status == "SUCCEEDED"
+    except Exception:  # the head went away (connection refused or aborted) or never took the job
+        return False
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    # 4 logical CPUs: a 2-worker trial holds 2, and the search keeps 1 for trial drivers.
-    with ray_head(num_cpus=4) as c:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A head that has run one trivial job. On 2026-12-05, in two of three full-suite CI runs on a slow
+    2-core machine, a fresh head's job API closed the first submission's connection and then refused
+    all others (`ray start --block` had stopped the head), while the module alone passed, idle and
+    beside two busy cores. The cause was not found; a head that fails the trivial job is replaced once,
+    with a warning, and the tests' own submissions are checked as before."""
+    workdir = tmp_path_factory.mktemp("empty-job")
+    with ExitStack() as heads:
+        # 4 logical CPUs: a 2-worker trial holds 2, and the search keeps 1 for trial drivers.
+        c = heads.enter_context(ray_head(num_cpus=4))
+        if not _accepts_a_job(c, workdir):
+            note = f"the Ray head at {c.dashboard_url} did not run a trivial job; starting another"
+            warnings.warn(note, stacklevel=2)
+            c = heads.enter_context(ray_head(num_cpus=4))
         yield c
 
 
