@@ -156,6 +156,29 @@ def test_rank_statistics():
     assert math.isnan(ta.spearman(x, np.ones(4)))
 
 
+def test_kendall_reference_bounds_what_ordering_can_reach():
+    """Weak-scaling groups whose runs differ by 1-2 % cap τ whatever the model; a group spread over 2×
+    does not. A model with no within-group error orders perfectly even when its errors are shuffled."""
+
+    def rows(values, pred, group):
+        return [
+            {"model": group, "gpu": "g", "measured_tokens_per_s_per_gpu": m, "p": q}
+            for m, q in zip(values, pred, strict=True)
+        ]
+
+    spread = [100.0, 140.0, 200.0, 280.0]
+    flat = [100.0, 101.0, 102.0, 103.0]
+    wide = ta.kendall_reference(rows(spread, [2 * v for v in spread], "a"), "p", draws=200)
+    tight = ta.kendall_reference(rows(flat, flat, "b"), "p", draws=200)
+    assert wide["own_errors_shuffled"] == pytest.approx(1.0)  # a common bias is not an ordering error
+    assert wide["within_group_error_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert wide["exact_up_to_noise"]["0.03"] > 0.95
+    noise = [tight["exact_up_to_noise"][f"{s:.2f}"] for s in ta.NOISE_SIGMAS]
+    assert noise == sorted(noise, reverse=True) and noise[-1] < 0.5
+    backwards = ta.kendall_reference(rows(spread, spread[::-1], "a"), "p", draws=200)
+    assert backwards["own_errors_shuffled"] > -1.0  # shuffling the errors undoes their alignment
+
+
 def test_accuracy_script_runs_and_writes_results(ds, tmp_path, capsys):
     out = tmp_path / "throughput_accuracy.json"
     assert ta.main(["--out", str(out), "--worst", "3", "--quick"]) == 0
