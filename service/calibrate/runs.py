@@ -105,6 +105,10 @@ class Measurement(BaseModel):
     zero3_collectives: Literal["flat", "per_tensor_lists"] = Field(
         "flat", description="How its ZeRO-3 called collectives (Workload.zero3_collectives)."
     )
+    selective_recompute: Literal["attention_block", "every_other_block", "every_other_matmul"] = Field(
+        "attention_block",
+        description="What its selective recompute checkpointed (Workload.selective_recompute).",
+    )
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     measured: Measured
     reported_mfu: float | None = None
@@ -172,6 +176,7 @@ def workload(ds: Dataset, row: Measurement) -> Workload:
         flash_attention=source.flash_attention,
         fused_elementwise=source.fused_elementwise,
         zero3_collectives=row.zero3_collectives,
+        selective_recompute=row.selective_recompute,
     )
 
 

@@ -124,6 +124,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Fused norm/rotary/SwiGLU kernels (Apex, TE, Liger, torch.compile); default: eager HF modules.",
     )
     a(
+        "--selective-recompute",
+        choices=("attention_block", "every_other_block", "every_other_matmul"),
+        default="attention_block",
+        help="What --recompute selective checkpoints: the attention sub-block (default, this service's "
+        "worker), every second block or torchtitan's op policy (Workload.selective_recompute).",
+    )
+    a(
         "--tokens-to-train",
         type=finite_float,
         default=1e9,
@@ -220,6 +227,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         tokens_to_train=args.tokens_to_train,
         flash_attention=not args.no_flash_attention,
         fused_elementwise=args.fused_elementwise,
+        selective_recompute=args.selective_recompute,
     )
     problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
     if problem:
@@ -245,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         "tokens_to_train": workload.tokens_to_train,
         "flash_attention": workload.flash_attention,
         "fused_elementwise": workload.fused_elementwise,
+        "selective_recompute": workload.selective_recompute,
         "memory_headroom": args.headroom,
     }
     if args.json:

@@ -84,6 +84,21 @@ def _memory(
     recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
         model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
     )
+    if workload.selective_recompute != "attention_block":
+        # torchtitan's selective policies (Workload.selective_recompute) keep other tensors, and make a
+        # whole block's again in backward, as full recompute does.
+        block = mem.recompute_peak_bytes_per_token(
+            model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
+        )
+        full = mem.activation_bytes_per_token_per_layer(
+            model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
+        )
+        kind = workload.selective_recompute
+        selective = mem.selective_bytes_per_token_per_layer(
+            model, p.tp, p.sequence_parallel, d, kind, per_layer, block, full
+        )
+        per_layer = np.where(p.recompute == 1, selective, per_layer)
+        recompute_peak = np.where(p.recompute == 1, tokens * block, recompute_peak)
     # Ulysses' extra saved tensors belong to the attention sub-block: selective and full recompute do
     # not keep them; full recompute re-creates them with the block in backward.
     ulysses = context.ulysses_saved_bytes_per_token_per_layer(model, p.tp, p.cp, p.engine, d)
@@ -151,6 +166,30 @@ def links(params: ModelParams) -> comm.Links:
     )
 
 
+def selective_recompute_s(
+    model: ModelSpec, kind: str, attention_block: Num, full_block: Num, gemm: Num, elementwise: Num
+) -> Num:
+    """Forward work selective recompute re-runs in backward, by what it checkpoints
+    (Workload.selective_recompute; the inputs are a stage's forward times):
+      - attention_block: the attention projections and core of every block;
+      - every_other_block: all of every second block, ⌊L/2⌋ of L (torchtitan's 'selective layer' AC with
+        option 2 wraps blocks 2, 4, …: `_count % ac_freq == 0` in parallelize_llama.py; fms-fsdp's
+        `selective_checkpointing` 0.5 wraps blocks 1, 3, …: ac_handler.py `apply_fsdp_checkpointing`);
+      - every_other_matmul: torchtitan's 'selective op' AC saves the outputs of matmuls and attention
+        (`_save_list`) except every second matmul a block runs (`mm_count % 2 == 0`), so backward re-runs
+        every element-wise op and the matmuls in even places: k, o and up of a Llama block (q, k, v, o,
+        gate, up, down), the attention output and MLP out of a GPT block. The matmuls share one token
+        count, so their time is split by weight elements.
+    """
+    if kind == "every_other_block":
+        return (model.num_layers // 2) / model.num_layers * full_block
+    if kind == "every_other_matmul":
+        sizes = data_parallel.module_elements_per_block(model)
+        share = sum(sizes[1::2]) / sum(sizes)
+        return share * gemm + elementwise
+    return attention_block
+
+
 def _times(
     model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
 ) -> dict[str, np.ndarray]:
@@ -179,7 +218,8 @@ def _times(
     # Transformer Engine layers (Megatron-Core) fuse their element-wise ops whatever the workload says.
     fused = workload.fused_elementwise | p.engine_column("transformer_engine")
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d, fused) * layers
-    casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision) * layers
+    dynamic = p.engine_column("fp8_scaling") == "dynamic"
+    casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision, dynamic) * layers
     elementwise = elementwise + casts / (gpu.hbm_bandwidth_gb_per_s * 1e9)
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
@@ -196,9 +236,11 @@ def _times(
         compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
         + attention
     )
-    recompute = np.select(
-        [p.recompute == 2, p.recompute == 1], [gemm + attention + elementwise, attention_block], 0.0
+    full_block = gemm + attention + elementwise
+    selective = selective_recompute_s(
+        model, workload.selective_recompute, attention_block, full_block, gemm, elementwise
     )
+    recompute = np.select([p.recompute == 2, p.recompute == 1], [full_block, selective], 0.0)
 
     cp_mb = _context_parallel_s(model, cluster, p, tokens, d, attention_layer, params, gpu, net) * layers
     # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.

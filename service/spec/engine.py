@@ -75,6 +75,10 @@ class EngineRules(BaseModel):
     # Each stage-boundary send and receive a blocking call of its own, so a middle stage's two exchanges
     # with a neighbour run one after the other (four transfers per micro-batch, not two).
     pipeline_blocking_p2p: bool
+    # How FP8 casts find their scale: delayed (Transformer Engine's DelayedScaling, from an amax history;
+    # the cast reads the tensor once) or dynamic (torchao's tensorwise scaling, an amax reduction over
+    # the tensor before the cast reads it again).
+    fp8_scaling: Literal["delayed", "dynamic"]
     # Per field: where it is documented, and the start of the error for a plan that breaks it.
     sources: dict[str, str]
     why: dict[str, str] = Field(default_factory=dict)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.spec.errors import SpecError, validate_as
 from service.spec.hardware import ClusterSpec
@@ -71,6 +71,19 @@ class ExperimentSpec(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError(f"engines listed twice: {value}")
         return value
+
+    @model_validator(mode="after")
+    def _worker_runs_its_recompute(self) -> ExperimentSpec:
+        # The DeepSpeed plans' proxies and production run on this service's worker, which checkpoints the
+        # attention sub-block (train/model.py); the other policies describe other frameworks' runs.
+        kind = self.workload.selective_recompute
+        if "deepspeed" in self.engines and kind != "attention_block":
+            raise SpecError(
+                "workload.selective_recompute",
+                f"{kind!r} is not what the service's DeepSpeed worker runs (attention_block); it describes "
+                "torchtitan's runs for estimate and calibrate, or plans of engines: [fsdp] or [megatron]",
+            )
+        return self
 
     @field_validator("model", mode="before")
     @classmethod

@@ -46,6 +46,16 @@ class Workload(BaseModel):
         "per rank (costmodel/data_parallel.py).",
     )
 
+    selective_recompute: Literal["attention_block", "every_other_block", "every_other_matmul"] = Field(
+        "attention_block",
+        description="What a plan's selective recompute checkpoints. attention_block: each block's "
+        "attention sub-block (this service's worker; Megatron-style). every_other_block: every second "
+        "whole block (torchtitan's 'selective layer' AC, option 2; fms-fsdp's selective_checkpointing 0.5). "
+        "every_other_matmul: every op of a block "
+        "but its matmuls and attention, and every second matmul too (torchtitan's 'selective op' AC, "
+        "torch.utils.checkpoint's selective policy in parallelize_llama.py, 2024).",
+    )
+
     @model_validator(mode="after")
     def _derive_batch(self) -> Workload:
         seqs, toks = self.global_batch_sequences, self.global_batch_tokens

@@ -59,6 +59,29 @@ def test_fp8_weight_copies_and_amax_history():
     assert fp8.memory_per_gpu_bytes.params == bf16.memory_per_gpu_bytes.params  # bf16 master params
 
 
+def test_dynamic_scaling_reads_each_cast_input_twice():
+    """torchao's tensorwise Float8 (the fsdp engine) reduces a tensor's amax before it casts it; TE's
+    delayed scaling (megatron, deepspeed) casts with the scale from its history: 5 bytes per element
+    against 3 (read 2, write 1), for Llama 3 70B's QKV and MLP inputs (2h) and the attention output
+    and MLP hidden inputs ((h + f)/tp) of a block."""
+    from service.costmodel import fp8
+    from service.spec.engine import engine_rules
+
+    h, f = LLAMA3_70B.hidden_size, LLAMA3_70B.ffn_hidden_size
+    elements = 2 * h + (h + f) / 8
+    assert fp8.cast_bytes_per_token_per_layer(LLAMA3_70B, 8, 3) == pytest.approx(3 * elements)
+    assert fp8.cast_bytes_per_token_per_layer(LLAMA3_70B, 8, 3, True) == pytest.approx(5 * elements)
+    assert fp8.cast_bytes_per_token_per_layer(LLAMA3_70B, 8, 0, True) == 0.0  # bf16 casts nothing
+    scaling = {e: engine_rules(e).fp8_scaling for e in ("deepspeed", "megatron", "fsdp")}
+    assert scaling == {"deepspeed": "delayed", "megatron": "delayed", "fsdp": "dynamic"}
+    plan = Plan(dp=64, zero_stage=3, micro_batch=1, grad_accum=1, recompute="full", precision="fp8")
+    ds, fsdp = (
+        estimate(LLAMA3_70B, H100, plan.model_copy(update={"engine": e}), WORKLOAD, params=PRIOR)
+        for e in ("deepspeed", "fsdp")
+    )
+    assert fsdp.time_breakdown_s.compute > ds.time_breakdown_s.compute
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

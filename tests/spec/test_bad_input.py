@@ -70,6 +70,16 @@ def error_of(path: Path) -> SpecError:
         (lambda d: d.update(optimizer={"lr": -1}), "optimizer.lr", "greater than 0"),
         (lambda d: d.update(optimizer={"warmup": 0.1}), "optimizer.warmup", "allowed: lr, min_lr_ratio"),
         (lambda d: d.update(engines=["fsdp", "fsdp"]), "engines", "engines listed twice"),
+        (
+            lambda d: d["workload"].update(selective_recompute="every_other_block"),
+            "workload.selective_recompute",
+            "not what the service's DeepSpeed worker runs",
+        ),
+        (
+            lambda d: d["workload"].update(selective_recompute="op"),
+            "workload.selective_recompute",
+            "'attention_block', 'every_other_block' or 'every_other_matmul'",
+        ),
         # pydantic alone would read true as 1 (one node) and plan for it without a word
         (
             lambda d: d["cluster"].update(num_nodes=True),
@@ -95,6 +105,15 @@ def test_experiment_errors_name_file_field_and_allowed(tmp_path, edit, field, fr
     assert err.field == field
     assert fragment in err.message
     assert "\n" not in str(err)
+
+
+def test_other_recompute_policies_plan_engines_the_worker_does_not_run(tmp_path):
+    def fsdp_only(d):
+        d["workload"].update(selective_recompute="every_other_matmul")
+        d.update(engines=["fsdp"])
+
+    spec = load_experiment(experiment_file(tmp_path, fsdp_only))
+    assert spec.workload.selective_recompute == "every_other_matmul"
 
 
 def test_booleans_stay_welcome_where_a_boolean_belongs(tmp_path):
