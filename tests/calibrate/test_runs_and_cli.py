@@ -219,3 +219,18 @@ def test_a_runs_file_says_how_its_zero3_called_collectives(tmp_path):
     with pytest.raises(SpecError, match=r"measurements\.0\.zero3_collectives") as err:
         load_runs(path)
     assert "\n" not in str(err.value)
+
+
+def test_a_runs_file_says_what_its_selective_recompute_checkpointed(tmp_path):
+    data = yaml.safe_load((ROOT / "benchmarks" / "published" / "measurements.yaml").read_text())
+    op = next(m for m in data["measurements"] if m.get("selective_recompute") == "every_other_matmul")
+    data["measurements"] = [op]
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    (run,) = load_runs(path)
+    assert run.workload.selective_recompute == "every_other_matmul"
+    data["measurements"][0]["selective_recompute"] = "op"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match=r"measurements\.0\.selective_recompute") as err:
+        load_runs(path)
+    assert "\n" not in str(err.value)
