@@ -206,31 +206,23 @@ def _catalog(name: str):
     return load_gpu(name)
 
 
-def test_a_runs_file_says_how_its_zero3_called_collectives(tmp_path):
+@pytest.mark.parametrize(
+    ("field", "value", "bad"),
+    [
+        ("zero3_collectives", "per_tensor_lists", "per_module"),
+        ("selective_recompute", "every_other_matmul", "op"),
+    ],
+)
+def test_a_runs_file_says_how_its_engine_ran(tmp_path, field, value, bad):
+    """Row fields that describe the run's software reach its Workload; a bad one names row and field."""
     data = yaml.safe_load((ROOT / "benchmarks" / "published" / "measurements.yaml").read_text())
-    legacy = next(m for m in data["measurements"] if m.get("zero3_collectives") == "per_tensor_lists")
-    data["measurements"] = [legacy]
+    data["measurements"] = [next(m for m in data["measurements"] if m.get(field) == value)]
     path = tmp_path / "runs.yaml"
     path.write_text(yaml.safe_dump(data))
     (run,) = load_runs(path)
-    assert run.workload.zero3_collectives == "per_tensor_lists"
-    data["measurements"][0]["zero3_collectives"] = "per_module"
+    assert getattr(run.workload, field) == value
+    data["measurements"][0][field] = bad
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(SpecError, match=r"measurements\.0\.zero3_collectives") as err:
-        load_runs(path)
-    assert "\n" not in str(err.value)
-
-
-def test_a_runs_file_says_what_its_selective_recompute_checkpointed(tmp_path):
-    data = yaml.safe_load((ROOT / "benchmarks" / "published" / "measurements.yaml").read_text())
-    op = next(m for m in data["measurements"] if m.get("selective_recompute") == "every_other_matmul")
-    data["measurements"] = [op]
-    path = tmp_path / "runs.yaml"
-    path.write_text(yaml.safe_dump(data))
-    (run,) = load_runs(path)
-    assert run.workload.selective_recompute == "every_other_matmul"
-    data["measurements"][0]["selective_recompute"] = "op"
-    path.write_text(yaml.safe_dump(data))
-    with pytest.raises(SpecError, match=r"measurements\.0\.selective_recompute") as err:
+    with pytest.raises(SpecError, match=rf"measurements\.0\.{field}") as err:
         load_runs(path)
     assert "\n" not in str(err.value)
