@@ -10,6 +10,7 @@ import numpy as np
 from service.costmodel import comm, compute, context, data_parallel, fp8, pipeline, tensor_parallel
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
+from service.costmodel import recompute as checkpointing
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
 from service.costmodel.types import Num
@@ -85,7 +86,7 @@ def _memory(
         model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
     )
     if workload.selective_recompute != "attention_block":
-        # torchtitan's selective policies (Workload.selective_recompute) keep other tensors, and make a
+        # Other frameworks' selective policies (Workload.selective_recompute) keep other tensors, and make a
         # whole block's again in backward, as full recompute does.
         block = mem.recompute_peak_bytes_per_token(
             model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
@@ -94,7 +95,7 @@ def _memory(
             model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
         )
         kind = workload.selective_recompute
-        selective = mem.selective_bytes_per_token_per_layer(
+        selective = checkpointing.selective_bytes_per_token_per_layer(
             model, p.tp, p.sequence_parallel, d, kind, per_layer, block, full
         )
         per_layer = np.where(p.recompute == 1, selective, per_layer)
@@ -166,30 +167,6 @@ def links(params: ModelParams) -> comm.Links:
     )
 
 
-def selective_recompute_s(
-    model: ModelSpec, kind: str, attention_block: Num, full_block: Num, gemm: Num, elementwise: Num
-) -> Num:
-    """Forward work selective recompute re-runs in backward, by what it checkpoints
-    (Workload.selective_recompute; the inputs are a stage's forward times):
-      - attention_block: the attention projections and core of every block;
-      - every_other_block: all of every second block, ⌊L/2⌋ of L (torchtitan's 'selective layer' AC with
-        option 2 wraps blocks 2, 4, …: `_count % ac_freq == 0` in parallelize_llama.py; fms-fsdp's
-        `selective_checkpointing` 0.5 wraps blocks 1, 3, …: ac_handler.py `apply_fsdp_checkpointing`);
-      - every_other_matmul: torchtitan's 'selective op' AC saves the outputs of matmuls and attention
-        (`_save_list`) except every second matmul a block runs (`mm_count % 2 == 0`), so backward re-runs
-        every element-wise op and the matmuls in even places: k, o and up of a Llama block (q, k, v, o,
-        gate, up, down), the attention output and MLP out of a GPT block. The matmuls share one token
-        count, so their time is split by weight elements.
-    """
-    if kind == "every_other_block":
-        return (model.num_layers // 2) / model.num_layers * full_block
-    if kind == "every_other_matmul":
-        sizes = data_parallel.module_elements_per_block(model)
-        share = sum(sizes[1::2]) / sum(sizes)
-        return share * gemm + elementwise
-    return attention_block
-
-
 def _times(
     model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
 ) -> dict[str, np.ndarray]:
@@ -237,7 +214,7 @@ def _times(
         + attention
     )
     full_block = gemm + attention + elementwise
-    selective = selective_recompute_s(
+    selective = checkpointing.selective_recompute_s(
         model, workload.selective_recompute, attention_block, full_block, gemm, elementwise
     )
     recompute = np.select([p.recompute == 2, p.recompute == 1], [full_block, selective], 0.0)

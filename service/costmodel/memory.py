@@ -197,47 +197,6 @@ def activation_bytes_per_token_per_layer(
     return np.where(te, te_layer_bytes_per_token(model, tp, sequence_parallel, recompute, d, precision), hf)
 
 
-def matmul_output_features(model: ModelSpec, tp: Num, sequence_parallel: Num) -> list[Num]:
-    """Output width of each matmul of a block on one TP rank, in the order forward runs them (the order of
-    `data_parallel.module_elements_per_block`): column-parallel outputs are split by tp; the row-parallel
-    ones (attention output, MLP out) are whole, or split by sequence parallelism's reduce-scatter."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
-    row = h / np.where(sequence_parallel, tp, 1)
-    if model.weight_matrices_per_block == 7:
-        return [h / tp, kv / tp, kv / tp, row, f / tp, f / tp, row]
-    return [(h + 2 * kv) / tp, row, f / tp, row]
-
-
-def selective_bytes_per_token_per_layer(
-    model: ModelSpec,
-    tp: Num,
-    sequence_parallel: Num,
-    d: Num,
-    kind: str,
-    attention_block: Num,
-    none: Num,
-    full: Num,
-) -> Num:
-    """Bytes a block keeps for backward under selective recompute, by what it checkpoints
-    (Workload.selective_recompute), given the same block's bytes with the attention sub-block
-    checkpointed (`attention_block`), with nothing recomputed (`none`) and fully recomputed (`full`):
-      - every_other_block: ⌊L/2⌋ blocks keep `full`, the others `none` (the mean per block);
-      - every_other_matmul (torchtitan's op policy, see costmodel/estimate.py `selective_recompute_s`):
-        the checkpoint keeps the block input and the saved ops' outputs, the matmuls in odd places
-        (q, v, gate, down of a Llama block; QKV and MLP in of a GPT block) and attention's output and fp32
-        log-sum-exp; every other tensor is made again in backward.
-    """
-    if kind == "every_other_block":
-        kept = model.num_layers // 2
-        return (kept * full + (model.num_layers - kept) * none) / model.num_layers
-    if kind == "every_other_matmul":
-        saved = sum(matmul_output_features(model, tp, sequence_parallel)[0::2])
-        attention_out = model.hidden_size / tp
-        block_input = model.hidden_size / np.where(sequence_parallel, tp, 1)
-        return d * (block_input + saved + attention_out) + FP32 * model.num_attention_heads / tp
-    return attention_block
-
-
 def fp8_saved_input_discount(
     model: ModelSpec, tp: Num, sequence_parallel: Num, recompute: Num, d: Num, precision: Num
 ) -> Num:

@@ -9,8 +9,7 @@ from pydantic import ValidationError
 from service.calibrate.runs import load_dataset, measured_run
 from service.catalog import load_model
 from service.costmodel import estimate
-from service.costmodel import memory as mem
-from service.costmodel.estimate import selective_recompute_s
+from service.costmodel.recompute import selective_bytes_per_token_per_layer, selective_recompute_s
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import ModelParams
 
@@ -48,7 +47,7 @@ def test_torchtitan_70b_with_op_checkpointing_fits_at_batch_one_and_not_two():
     run = _run("torchtitan-a100-llama2-70b-mb1-selective-op")
     assert run.workload.selective_recompute == "every_other_matmul"
     h, kv, f = 8192, 1024, 28672
-    per_token = mem.selective_bytes_per_token_per_layer(
+    per_token = selective_bytes_per_token_per_layer(
         LLAMA70, np.array(1), np.array(False), 2, "every_other_matmul", 0.0, 0.0, 0.0
     )
     assert per_token == pytest.approx(2 * (h + h + kv + f + h + h) + 4 * 64)
@@ -81,7 +80,7 @@ def test_torchtitan_8b_memory_stays_under_what_the_allocator_reserved():
 
 
 def test_every_other_block_keeps_the_mean_of_none_and_full():
-    got = mem.selective_bytes_per_token_per_layer(LLAMA70, 1, False, 2, "every_other_block", 5.0, 10.0, 2.0)
+    got = selective_bytes_per_token_per_layer(LLAMA70, 1, False, 2, "every_other_block", 5.0, 10.0, 2.0)
     assert got == pytest.approx(6.0)  # 40 blocks keep everything, 40 only their input
 
 
