@@ -156,6 +156,15 @@ def test_rank_statistics():
     assert math.isnan(ta.spearman(x, np.ones(4)))
 
 
+def test_a_source_wide_offset_is_told_apart_from_the_rest_of_the_error():
+    """Every row 10 % fast is one offset (nothing left after it); ±10 % about no offset stays 10 %."""
+    same = ta._stats([{"e": 0.10}, {"e": 0.10}, {"e": 0.10}], "e")
+    assert same["mape"] == pytest.approx(0.10) and same["mape_after_offset"] == pytest.approx(0.0, abs=1e-12)
+    spread = ta._stats([{"e": 1.1 - 1}, {"e": 1 / 1.1 - 1}], "e")
+    assert spread["bias_log"] == pytest.approx(0.0, abs=1e-12)
+    assert spread["mape_after_offset"] == pytest.approx(spread["mape"])
+
+
 def test_kendall_reference_bounds_what_ordering_can_reach():
     """Weak-scaling groups whose runs differ by 1-2 % cap τ whatever the model; a group spread over 2×
     does not. A model with no within-group error orders perfectly even when its errors are shuffled."""
