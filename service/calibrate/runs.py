@@ -23,6 +23,7 @@ from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workl
 from service.spec.errors import validate_as
 from service.spec.plan import Engine
 from service.spec.plan_table import PlanTable
+from service.spec.workload import SelectiveRecompute
 
 FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7"]
 
@@ -105,7 +106,7 @@ class Measurement(BaseModel):
     zero3_collectives: Literal["flat", "per_tensor_lists"] = Field(
         "flat", description="How its ZeRO-3 called collectives (Workload.zero3_collectives)."
     )
-    selective_recompute: Literal["attention_block", "every_other_block", "every_other_matmul"] = Field(
+    selective_recompute: SelectiveRecompute = Field(
         "attention_block",
         description="What its selective recompute checkpointed (Workload.selective_recompute).",
     )

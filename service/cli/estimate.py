@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, get_args
 
 from service.cli.args import finite_float
+from service.spec.workload import SelectiveRecompute
 
 # plan_problem's field -> the flag a user of this command would change.
 FLAGS = {
@@ -125,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--selective-recompute",
-        choices=("attention_block", "every_other_block", "every_other_matmul"),
+        choices=get_args(SelectiveRecompute),
         default="attention_block",
         help="What --recompute selective checkpoints: the attention sub-block (default, this service's "
         "worker), every second block or torchtitan's op policy (Workload.selective_recompute).",

@@ -81,7 +81,7 @@ class ExperimentSpec(BaseModel):
             raise SpecError(
                 "workload.selective_recompute",
                 f"{kind!r} is not what the service's DeepSpeed worker runs (attention_block); it describes "
-                "torchtitan's runs for estimate and calibrate, or plans of engines: [fsdp] or [megatron]",
+                "other frameworks' runs for estimate and calibrate, or plans of engines [fsdp] or [megatron]",
             )
         return self
 

@@ -6,6 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# What a plan's selective recompute checkpoints (Workload.selective_recompute; costmodel/recompute.py).
+SelectiveRecompute = Literal["attention_block", "every_other_block", "every_other_matmul"]
+
 
 class Workload(BaseModel):
     """Sequence length, global batch and how many tokens to train.
@@ -46,7 +49,7 @@ class Workload(BaseModel):
         "per rank (costmodel/data_parallel.py).",
     )
 
-    selective_recompute: Literal["attention_block", "every_other_block", "every_other_matmul"] = Field(
+    selective_recompute: SelectiveRecompute = Field(
         "attention_block",
         description="What a plan's selective recompute checkpoints. attention_block: each block's "
         "attention sub-block (this service's worker; Megatron-style). every_other_block: every second "
