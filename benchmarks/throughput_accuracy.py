@@ -94,11 +94,13 @@ def predict(run: MeasuredRun, params: ModelParams) -> dict[str, Any]:
 
     These runs did fit, so the only falsifiable memory claim is total ≤ HBM: no headroom is applied.
     """
+    from service.calibrate.crossval import run_stack
     from service.costmodel import estimate_table
     from service.costmodel.result import TIME_TERMS
 
     t = estimate_table(run.model, run.cluster, run.workload, run.plan_table(), 0.0, params)
     return {
+        "stack": f"{run_stack(run)} on {run.cluster.gpu.name}",
         "predicted_tokens_per_s_per_gpu": float(t.tokens_per_s_per_gpu[0]),
         "predicted_mfu": float(t.mfu[0]),
         "predicted_fits": bool(t.fits[0]),
@@ -188,6 +190,8 @@ def _stats(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
         "bias_log": float(np.mean(log_err)),
         "max_ape": float(np.max(np.abs(err))),
         "mape_after_offset": float(np.mean(np.abs(np.expm1(log_err - log_err.mean())))),
+        # the offset-free scatter: RMS of the log errors about their own mean
+        "scatter_after_offset": float(np.sqrt(np.mean((log_err - log_err.mean()) ** 2))),
     }
 
 
@@ -333,6 +337,28 @@ def summarize(results: list[dict[str, Any]], cv: Any = None) -> dict[str, Any]:
         }
         goals["coverage_80_in_75_85pct"] = 0.75 <= cv.coverage <= 0.85
     out["goals"] = goals
+    out["per_stack"] = per_stack(results)
+    return out
+
+
+def per_stack(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Out of sample, per software stack on its GPU (service/spec/stack.py): the bias (mean log error,
+    predicted / measured), the offset-free scatter and the 80 % interval's coverage."""
+    by_stack: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        by_stack[r["stack"]].append(r)
+    out = {}
+    for stack, rs in sorted(by_stack.items()):
+        inside = [
+            r["interval_80"][0] <= r["measured_tokens_per_s_per_gpu"] <= r["interval_80"][1]
+            for r in rs
+            if r["interval_80"]  # none without cross-validation (--quick)
+        ]
+        out[stack] = {
+            **_stats(rs, "error"),
+            "coverage_80": float(np.mean(inside)) if inside else math.nan,
+            "sources": sorted({r["source"] for r in rs}),  # type: ignore[dict-item]
+        }
     return out
 
 
@@ -400,6 +426,13 @@ def print_report(
         )
     )
     print(f"runs predicted to exceed HBM (no headroom): {len(summary['predicted_not_fitting'])}")
+    print("\nout of sample, per source and per stack: bias (log, predicted/measured), offset-free scatter")
+    for name, d in [*m.items(), *summary["per_stack"].items()]:
+        cov = d.get("coverage_80", cover["per_source"].get(name, math.nan))
+        print(
+            f"  {name[:58]:58s} n {d['n']:3d}  bias {d['bias_log']:+6.1%}  scatter "
+            f"{d['scatter_after_offset']:5.1%}  cover {cov:4.0%}"
+        )
     print(f"\nworst {worst} rows by |error| (out of sample):")
     for r in sorted(results, key=lambda r: -abs(r["error"]))[:worst]:
         t = r["time_breakdown_s"]

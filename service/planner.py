@@ -109,7 +109,8 @@ def rank_plans(
     estimates = estimate_table(
         model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom, params=params
     )
-    return Ranking(enumeration, estimates, select_plan(enumeration.plans, estimates, budget))
+    resolution = estimates.params.residuals.scatter
+    return Ranking(enumeration, estimates, select_plan(enumeration.plans, estimates, budget, resolution))
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,10 @@ class PlanResult:
         status = STATUSES[sel.status[row]]
         best = sel.selected
         if status == "selected":
-            return f"selected: best {self.objective} of the plans that fit and meet the budget"
+            return (
+                f"selected: the lowest-risk plan within the model's resolution of the best {self.objective} "
+                "of the plans that fit and meet the budget"
+            )
         if status == "over memory":
             return (
                 f"over memory: needs {est.total_bytes[row] / GIB:.1f} GiB per GPU, the limit is "
@@ -178,7 +182,15 @@ class PlanResult:
             )
         if status == "costlier":
             return f"costlier: ${est.dollars[row]:,.0f} vs ${est.dollars[best]:,.0f} for {label}"
-        return f"tied with {label} on tokens/s and dollars; fewer offloads (or listed first) wins the tie"
+        gap = (
+            f"${est.dollars[row]:,.0f} vs ${est.dollars[best]:,.0f}"
+            if self.objective == "cost"
+            else f"{est.tokens_per_s[row]:,.0f} vs {est.tokens_per_s[best]:,.0f} tokens/s"
+        )
+        reasons = sel.risk.why_riskier(row, best) if sel.risk is not None else []
+        return f"{status}: {gap} for {label}, inside the model's resolution; " + (
+            "; ".join(reasons) if reasons else "as safe, and not ahead on the objective"
+        )
 
     def _not_enumerated(self, plan: Plan) -> str:
         spec = self._spec
@@ -200,7 +212,7 @@ def _message(ranking: Ranking) -> str:
     """The selection's message; with no valid plan at all, the rules that turned most candidates away."""
     sel = ranking.selection
     if sel.binding != "no valid plan":
-        return sel.message
+        return f"{sel.message}. {sel.tie_note}" if sel.tie_note else sel.message
     counts = ranking.enumeration.invalid_counts.items()
     top = [(reason, n) for reason, n in counts if reason not in COMBINATION_REASONS][:3]
     reasons = "; ".join(f"{reason}: {n:,}" for reason, n in top)

@@ -20,12 +20,20 @@ import numpy as np
 
 from service.calibrate.fit import fit, predict_runs
 from service.calibrate.runs import MeasuredRun
-from service.spec.params import PUBLISHED_FIT_PARAMS, Domain, ModelParams, Residuals, interval_bounds
+from service.spec.params import (
+    PUBLISHED_FIT_PARAMS,
+    Domain,
+    FitRun,
+    ModelParams,
+    Residuals,
+    interval_bounds,
+)
+from service.spec.stack import stack_names
 
 METHOD = (
     "leave-one-source-out log residuals log(measured/predicted), source-weighted 10th/90th percentiles; "
     "widened by 1 + {w:g}·(doublings beyond the fitted GPU count and sequence length) + {u:g} for an "
-    "unseen GPU type"
+    "unseen GPU type + {s:g} for a software stack not fit on that GPU"
 )
 
 
@@ -37,23 +45,47 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
     return float(np.interp(q, cdf, v))
 
 
+def run_stack(run: MeasuredRun) -> str:
+    """The run's software stack (service/spec/stack.py), without its GPU."""
+    legacy = run.workload.zero3_collectives == "per_tensor_lists"
+    return str(stack_names(run.plan_table(), legacy)[0])
+
+
 def domain_of(runs: Sequence[MeasuredRun]) -> Domain:
     return Domain(
         max_gpus=max(r.cluster.num_gpus for r in runs),
         max_seq_len=max(r.workload.seq_len for r in runs),
         gpu_types=sorted({r.cluster.gpu.name for r in runs}),
+        stacks=sorted({f"{run_stack(r)} on {r.cluster.gpu.name}" for r in runs}),
     )
 
 
+def offset_free_scatter(log_res: np.ndarray, sources: Sequence[str]) -> float:
+    """Source-weighted RMS of the log residuals about each source's own mean: the error left once a
+    source's common offset (its stack, its cluster, its way of measuring) is taken out."""
+    res = np.asarray(log_res, dtype=float)
+    src = np.asarray(sources)
+    dev = np.zeros_like(res)
+    w = np.zeros_like(res)
+    for s in set(sources):
+        mine = src == s
+        dev[mine] = res[mine] - res[mine].mean()
+        w[mine] = 1.0 / mine.sum()
+    return float(np.sqrt(np.sum(w * dev**2) / w.sum()))
+
+
 def residuals_summary(log_res: np.ndarray, sources: Sequence[str], prior: ModelParams) -> Residuals:
-    """Source-weighted q10/q90 of out-of-sample log residuals."""
+    """Source-weighted q10/q90 of out-of-sample log residuals, and their offset-free scatter."""
     counts = {s: sources.count(s) for s in set(sources)}
     w = np.array([1.0 / counts[s] for s in sources])
     return Residuals(
         n=len(log_res),
         q10=weighted_quantile(log_res, w, 0.10),
         q90=weighted_quantile(log_res, w, 0.90),
-        method=METHOD.format(w=prior.widen_per_doubling, u=prior.widen_unseen_gpu),
+        method=METHOD.format(
+            w=prior.widen_per_doubling, u=prior.widen_unseen_gpu, s=prior.widen_unseen_stack
+        ),
+        scatter=offset_free_scatter(log_res, sources),
     )
 
 
@@ -143,9 +175,14 @@ def leave_one_source_out(
         test = [r for r in runs if r.source == s]
         for r in test:
             lo, hi = interval_bounds(
-                predicted[r.id], fold, r.cluster.num_gpus, r.workload.seq_len, r.cluster.gpu.name
+                predicted[r.id],
+                fold,
+                r.cluster.num_gpus,
+                r.workload.seq_len,
+                r.cluster.gpu.name,
+                [run_stack(r)],
             )
-            low[r.id], high[r.id] = float(lo), float(hi)
+            low[r.id], high[r.id] = float(np.squeeze(lo)), float(np.squeeze(hi))
         res = np.array([log_res[r.id] for r in test])
         inside = [low[r.id] <= r.tokens_per_s_per_gpu <= high[r.id] for r in test]  # type: ignore[operator]
         per_source[s] = SourceScore(
@@ -157,6 +194,25 @@ def leave_one_source_out(
             params=folds[s],
         )
     return CrossValidation(per_source, predicted, low, high, log_res, source_of)
+
+
+def fit_runs(runs: Sequence[MeasuredRun], cv: CrossValidation) -> list[FitRun]:
+    """Each cross-validated run with its out-of-sample error, for `ModelParams.runs`."""
+    return [
+        FitRun(
+            id=r.id,
+            source=r.source,
+            model=r.model.name,
+            params_b=r.model.num_params / 1e9,
+            gpu=r.cluster.gpu.name,
+            num_gpus=r.cluster.num_gpus,
+            stack=run_stack(r),
+            plan=r.plan.short(),
+            error=float(np.expm1(-cv.log_residuals[r.id])),
+        )
+        for r in runs
+        if r.id in cv.log_residuals
+    ]
 
 
 def calibrate(
@@ -183,6 +239,7 @@ def calibrate(
         update={
             "residuals": cv.residuals(prior),
             "domain": domain_of(used),
+            "runs": fit_runs(used, cv),
             "note": note,
             "version": prior.version,
         }

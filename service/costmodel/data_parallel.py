@@ -1,4 +1,4 @@
-"""Data-parallel time: ZeRO / FSDP collectives after overlap, ZeRO-Offload's host traffic and CPU Adam,
+"""Data-parallel time: ZeRO / FSDP collectives after overlap, host offload's exposed time (offload.py)
 and the GPU optimizer step (the terms of one optimizer step that scale with the model state, not with
 the tokens)."""
 
@@ -10,6 +10,7 @@ from service.costmodel import buckets as buckets_mod
 from service.costmodel import comm, compute
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
+from service.costmodel import offload as offload_mod
 from service.costmodel.types import Num
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
@@ -197,13 +198,11 @@ def comm_offload_and_optimizer_s(
         ],
         ga * (behind(per_micro_batch - unhidden, fwd + bwd) + unhidden + list_copies) + z3.per_step,
     )
-    shards = hz.shard_ranks(p)
-    shard = psi / np.where(p.zero_stage >= 1, shards, 1)
-    cpu_step = shard / (gpu.cpu_adam_gparams_per_s * 1e9)
-    grads_down = comm.host_transfer_time_s(shard * gb, gpu)
-    params_up = comm.host_transfer_time_s(shard * pb, gpu)
-    offload = np.where(p.offload_optimizer, cpu_step + params_up + np.maximum(0.0, grads_down - bwd), 0.0)
-    fetch = comm.host_transfer_time_s(2 * psi / shards * pb, gpu)
-    offload = offload + np.where(p.offload_params, ga * np.maximum(0.0, fetch - (fwd + bwd)), 0.0)
+    # Host offload (offload.py): copies hide in series with the collectives of their window, a micro-batch
+    # (stages 2-3) or the reducing backward (stage 1); no window without overlap (contention 1).
+    hideable = np.where(p.zero_stage == 3, per_micro_batch - unhidden, reduce)
+    window = np.where(contention < 1.0, np.where(p.zero_stage == 3, fwd + bwd, bwd), 0.0)
+    offload = offload_mod.offload_time_s(model, p, psi, 2.0 + regather, hideable, window, gpu)
+    shard = psi / np.where(p.zero_stage >= 1, hz.shard_ranks(p), 1)
     optimizer_step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
     return dp_comm, offload, optimizer_step

@@ -19,6 +19,7 @@ from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
 from service.spec.plan import Plan
 from service.spec.plan_table import PlanTable
+from service.spec.stack import stack_names
 from service.spec.workload import Workload
 
 GIB = 2**30
@@ -310,7 +311,11 @@ def estimate_table(
     model_tflops = per_gpu * model_flops_per_token(model, workload.seq_len) / 1e12
     hours = workload.tokens_to_train / tokens_per_s / 3600.0
     dollars_per_hour = cluster.num_gpus * cluster.price_usd_per_gpu_hour
-    low, high = interval_bounds(tokens_per_s, params, cluster.num_gpus, workload.seq_len, cluster.gpu.name)
+    legacy = workload.zero3_collectives == "per_tensor_lists"
+    stacks = stack_names(p, legacy) if params.domain.stacks else None
+    low, high = interval_bounds(
+        tokens_per_s, params, cluster.num_gpus, workload.seq_len, cluster.gpu.name, stacks
+    )
     hours_low, hours_high = workload.tokens_to_train / high / 3600.0, workload.tokens_to_train / low / 3600.0
     return EstimateTable(
         params_bytes=m["params"],

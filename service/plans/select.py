@@ -5,25 +5,35 @@ A pure function of the scored table and the `Budget`. Each scored plan gets one 
 this order: `over memory` (does not fit with the budget's headroom), `over budget` (dollars >
 max_dollars), `over deadline` (hours > max_hours); of the plans that pass all three, the best by the
 objective is `selected` and the others are `slower` (fewer tokens/s) or `costlier` (more dollars),
-or `tied` (same tokens/s and dollars: fewer offloads win, as they need less host memory and PCIe).
+or `tied`.
+
+Ties are ties: the cost model cannot order plans whose objective differs by less than its resolution
+(`resolution`, a log ratio: the parameter set's offset-free scatter of out-of-sample errors,
+`Residuals.scatter`). Every feasible plan within it of the objective's best is in the tie group, and
+the group goes to its lowest-risk plan (plans/risk.py: no offload, memory margin, fewest moving parts,
+then the objective); the others in the group are `riskier` (they lose on a named risk) or `tied` (as
+safe, behind or equal on the objective), and `Selection.tie_note` says why the choice won. With no
+resolution (0) only exact ties are ties, and fewer offloads win them.
+
 When no plan passes, the answer names the binding constraint and offers a fallback: the cheapest plan
 that meets the deadline, or the fastest plan when none does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from service.costmodel.result import EstimateTable
+from service.plans.risk import Risk, risk_of
 from service.spec.plan_table import PlanTable
 from service.spec.workload import Budget
 
 STATUSES: tuple[str, ...] = (
-    "selected", "over memory", "over budget", "over deadline", "slower", "costlier", "tied"
+    "selected", "over memory", "over budget", "over deadline", "slower", "costlier", "tied", "riskier"
 )  # fmt: skip
-SELECTED, OVER_MEMORY, OVER_BUDGET, OVER_DEADLINE, SLOWER, COSTLIER, TIED = range(len(STATUSES))
+SELECTED, OVER_MEMORY, OVER_BUDGET, OVER_DEADLINE, SLOWER, COSTLIER, TIED, RISKIER = range(len(STATUSES))
 GIB = 1024**3
 
 
@@ -42,6 +52,13 @@ class Selection:
     binding: str | None
     fallback: int | None
     message: str
+    ties: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # the group, choice first
+    resolution: float = 0.0  # log ratio within which plans tie
+    tie_note: str = ""
+    risk: Risk | None = None
+
+    def status_name(self, row: int | None) -> str:
+        return "-" if row is None else STATUSES[self.status[row]]
 
     def counts(self) -> dict[str, int]:
         """{status: plans} for every losing status (zeros included, so the keys are stable)."""
@@ -71,30 +88,93 @@ def _statuses(est: EstimateTable, budget: Budget) -> np.ndarray:
     ).astype(np.int8)
 
 
-def select_plan(plans: PlanTable, est: EstimateTable, budget: Budget) -> Selection:
-    """The plan with the best `budget.objective` among those that fit and meet the budget."""
+def objective_values(est: EstimateTable, objective: str) -> np.ndarray:
+    """What the objective compares, larger is worse: dollars (cost) or 1 / tokens/s (throughput)."""
+    return est.dollars if objective == "cost" else 1.0 / np.maximum(est.tokens_per_s, 1e-300)
+
+
+def tie_group(est: EstimateTable, feasible: np.ndarray, objective: str, resolution: float) -> np.ndarray:
+    """The feasible rows (best objective first) within `resolution` (log ratio) of the best."""
+    if len(feasible) == 0:
+        return feasible
+    values = objective_values(est, objective)[feasible]
+    within = (np.log(values / values[0]) <= resolution) if resolution > 0 else np.zeros(len(values), bool)
+    exact = (est.tokens_per_s[feasible] == est.tokens_per_s[feasible[0]]) & (
+        est.dollars[feasible] == est.dollars[feasible[0]]
+    )
+    return feasible[within | exact]
+
+
+def select_plan(plans: PlanTable, est: EstimateTable, budget: Budget, resolution: float = 0.0) -> Selection:
+    """The lowest-risk plan among those within `resolution` of the best `budget.objective` that fit and
+    meet the budget (the best itself when `resolution` is 0 and nothing ties it exactly)."""
     status = _statuses(est, budget)
     rows = np.arange(len(est))
-    offloads = plans.offload_params.astype(np.int64) + plans.offload_optimizer
-    feasible = objective_order(est, rows[status == SELECTED], budget.objective, offloads)
+    risk = risk_of(plans, est)
+    feasible = objective_order(est, rows[status == SELECTED], budget.objective, risk.offloads)
     over = (status == OVER_BUDGET) | (status == OVER_DEADLINE)
-    others = objective_order(est, rows[over], budget.objective, offloads)
-    order = np.concatenate([feasible, others])
+    others = objective_order(est, rows[over], budget.objective, risk.offloads)
     if len(feasible) == 0:
+        order = np.concatenate([feasible, others])
         binding, fallback, message = _explain_none(plans, est, budget, status)
-        return Selection(None, order, status, binding, fallback, message)
-    best = int(feasible[0])
-    losers = feasible[1:]
+        return Selection(None, order, status, binding, fallback, message, resolution=resolution, risk=risk)
+    group = risk.order(tie_group(est, feasible, budget.objective, resolution))
+    best = int(group[0])
+    rest = feasible[~np.isin(feasible, group)]
+    order = np.concatenate([group, rest, others])
+    losers = rest
     slower = est.tokens_per_s[losers] < est.tokens_per_s[best]
     costlier = est.dollars[losers] > est.dollars[best]
     first, second = (slower, costlier) if budget.objective == "throughput" else (costlier, slower)
     code_first, code_second = (SLOWER, COSTLIER) if budget.objective == "throughput" else (COSTLIER, SLOWER)
     status[losers] = np.select([first, second], [code_first, code_second], default=TIED)
+    riskier = risk.riskier_than(best)[group[1:]]
+    status[group[1:]] = np.where(riskier, RISKIER, TIED)
     message = (
         f"selected {plans.row(best).short()} by {budget.objective}: {_numbers(est, best)}; "
         f"{len(feasible)} of {len(order)} plans that fit in memory meet the budget"
     )
-    return Selection(best, order, status, None, fallback=None, message=message)
+    note = _tie_note(plans, est, budget.objective, group, int(feasible[0]), risk, resolution)
+    return Selection(best, order, status, None, None, message, group, resolution, note, risk)
+
+
+def _tie_note(
+    plans: PlanTable,
+    est: EstimateTable,
+    objective: str,
+    group: np.ndarray,
+    objective_best: int,
+    risk: Risk,
+    resolution: float,
+) -> str:
+    """Why the choice won its tie group, in one paragraph (empty when nothing ties it)."""
+    if len(group) < 2:
+        return ""
+    chosen = int(group[0])
+    label = plans.row(chosen).short()
+    size = (
+        f"{len(group)} plans lie within the model's resolution of the best {objective} "
+        f"(±{np.expm1(resolution):.1%}: the offset-free scatter of its out-of-sample errors), so the model "
+        "cannot order them"
+        if resolution > 0
+        else f"{len(group)} plans tie exactly"
+    )
+    values = objective_values(est, objective)
+    if chosen == objective_best:
+        runner = int(group[1])
+        reasons = risk.why_riskier(runner, chosen) or ["the best objective of equally risky plans"]
+        return (
+            f"{size}. {label} is both the model's best and the lowest-risk among them; the next, "
+            f"{plans.row(runner).short()}: {'; '.join(reasons)}."
+        )
+    gap = values[chosen] / values[objective_best] - 1.0
+    reasons = risk.why_riskier(objective_best, chosen)
+    return (
+        f"{size}. {label} wins the tie over the model's nominal best, {plans.row(objective_best).short()} "
+        f"({gap:.1%} better on paper, inside the resolution), because that plan "
+        f"{'; '.join(reasons) or 'is no safer'}. A short A/B of the two on the cluster in the first hour "
+        "(the same steps timed for each) is what separates them."
+    )
 
 
 def _numbers(est: EstimateTable, i: int) -> str:

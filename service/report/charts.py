@@ -1,55 +1,207 @@
-"""The memo's charts, drawn from a `RunResult` alone (PNG files; the HTML inlines them as base64).
+"""The memo's charts, drawn from a `RunResult` alone (PNG files; the HTML inlines them as base64). The
+numbers come from service/report/charts_data.py, so they are tested apart from the drawing.
 
-- memory breakdown per GPU of the selected plan and its runners-up, stacked by term, with the limit
-  and the interval's high end;
-- cost against throughput of every plan shown, Pareto front drawn, the selected plan marked;
-- predicted against measured on the proxies (activations and model state, prior and calibrated).
+- hours and dollars of the best plan of every strategy family, 80 % intervals, the budget's limits,
+  the selected plan marked (`families`);
+- memory per GPU of every plan the memo shows, stacked by term, the total and its 80 % interval
+  written on each bar, the limit and the device memory (`memory`);
+- cost against throughput of every plan that fits, Pareto front drawn, the selected plan marked;
+- what the proxies check: that each layout builds and steps, and the memory terms per rank, predicted
+  against measured (never speed, when they ran on CPU) (`proxies`).
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from service.report.result import RunResult
+from service.report.charts_data import (
+    MIB,
+    PROXY_TERMS,
+    TERMS,
+    FamilyChart,
+    MemoryChart,
+    family_bars,
+    memory_bars,
+    proxy_text,
+)
+from service.report.result import Interval, RunResult
 
-GIB = 2**30
-TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
-MAX_BARS = 8
+SELECTED_COLOR = "tab:red"
+OTHER_COLOR = "tab:blue"
+TERM_COLORS = {t: f"C{i}" for i, t in enumerate(TERMS)}  # the default cycle: tab10
+WRAP = 130  # characters per line of a figure's footnote
 
 
-def _save(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def memory_breakdown(result: RunResult, path: Path) -> Path | None:
-    rows = [r for r in result.rows if r.status != "over memory"][:MAX_BARS]
-    if not rows:
+def _gib(x: float, like: float | None = None) -> str:
+    """GiB with about three significant digits (of `like`, so an interval's ends read alike)."""
+    ref = abs(x if like is None else like)
+    return f"{x:,.{0 if ref >= 100 else 1 if ref >= 10 else 2 if ref >= 1 else 3}f}"
+
+
+def _size(gib: float) -> str:
+    return f"{_gib(gib)} GiB" if gib >= 1 else f"{gib * 1024:,.1f} MiB"
+
+
+def _bold_selected(ax: Any, selected: list[bool]) -> None:
+    for tick, sel in zip(ax.get_yticklabels(), selected, strict=True):
+        if sel:
+            tick.set_fontweight("bold")
+            tick.set_color(SELECTED_COLOR)
+
+
+# -- hours and dollars per family ------------------------------------------------------------------------
+
+
+def _scaled(iv: Interval, k: float) -> Interval:
+    return iv.model_copy(update={"value": iv.value * k, "low": iv.low * k, "high": iv.high * k})
+
+
+def _interval_panel(
+    ax: Any, ivs: list[Interval], selected: list[bool], fmt: str, limit: float | None, limit_name: str
+) -> None:
+    y = range(len(ivs))
+    vals = [iv.value for iv in ivs]
+    err = [[iv.value - iv.low for iv in ivs], [iv.high - iv.value for iv in ivs]]
+    colors = [SELECTED_COLOR if s else OTHER_COLOR for s in selected]
+    ax.barh(y, vals, color=colors, alpha=0.75, height=0.6)
+    ax.errorbar(vals, y, xerr=err, fmt="none", ecolor="black", capsize=4, lw=1.2, label="80 % interval")
+    right = max([iv.high for iv in ivs] + [limit or 0.0]) * 1.55 or 1.0
+    for i, iv in enumerate(ivs):
+        text = fmt.format(iv.value) + f"  ({fmt.format(iv.low)}–{fmt.format(iv.high)})"
+        ax.text(iv.high + right * 0.015, i, text, va="center", fontsize=8)
+    if limit is not None:
+        ax.axvline(limit, color="black", linestyle="--", lw=1.5, label=f"{limit_name} {fmt.format(limit)}")
+    ax.set_xlim(0, right)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def families_chart(result: RunResult, path: Path) -> Path | None:
+    data: FamilyChart = family_bars(result)
+    bars = data.bars
+    if not bars:
         return None
-    fig, ax = plt.subplots(figsize=(10.5, 4.8))
-    x = range(len(rows))
-    bottom = [0.0] * len(rows)
-    for term in TERMS:
-        vals = [r.memory_breakdown.get(term, 0.0) / GIB for r in rows]
-        ax.bar(x, vals, bottom=bottom, label=term)
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    highs = [r.memory_per_gpu_bytes.high / GIB for r in rows]
-    ax.scatter(x, highs, marker="_", s=400, color="black", label="interval high end", zorder=3)
-    ax.axhline(rows[0].memory_limit_bytes / GIB, color="red", linestyle="--", label="limit (after headroom)")
-    ax.axhline(rows[0].hbm_bytes / GIB, color="grey", linestyle=":", label="HBM")
-    ax.set_xticks(list(x), [f"{r.label}\n({r.status})" for r in rows], rotation=35, ha="right", fontsize=7)
-    ax.set_ylabel("GiB per GPU")
-    ax.set_title("Memory per GPU by term (selected first)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig, (ax_h, ax_d) = plt.subplots(1, 2, figsize=(13, 1.6 + 0.55 * len(bars)), sharey=True)
+    selected = [b.selected for b in bars]
+    ax_h.set_yticks(range(len(bars)), [f"{b.family}\n{b.label} ({b.status})" for b in bars], fontsize=8)
+    ax_h.invert_yaxis()
+    # Runs under an hour are drawn in minutes, so their intervals read as numbers, not "0.1 h".
+    k = 60.0 if max([b.hours.high for b in bars] + [data.max_hours or 0.0]) < 1 else 1.0
+    fmt, unit = ("{:,.1f} min", "minutes") if k > 1 else ("{:,.1f} h", "hours")
+    limit = data.max_hours * k if data.max_hours else None
+    _interval_panel(ax_h, [_scaled(b.hours, k) for b in bars], selected, fmt, limit, "max_hours")
+    ax_h.set_xlabel(f"wall-clock {unit}, interruptions and restarts included")
+    ax_h.set_title("Hours to train", fontsize=10)
+    if data.priced:
+        _interval_panel(
+            ax_d, [b.dollars for b in bars], selected, "${:,.0f}", data.max_dollars, "max_dollars"
+        )
+    else:
+        ax_d.text(
+            0.5,
+            0.5,
+            "no price per GPU-hour for this cluster:\nevery plan costs $0",
+            ha="center",
+            va="center",
+            transform=ax_d.transAxes,
+        )
+        ax_d.set_xticks([])
+    ax_d.set_xlabel("dollars, interruptions and restarts included")
+    ax_d.set_title("Dollars", fontsize=10)
+    _bold_selected(ax_h, selected)
+    against = "against the budget" if data.max_hours or data.max_dollars else "(the budget sets no limit)"
+    fig.suptitle(
+        f"Best plan of each strategy family: hours and dollars with 80 % intervals {against}; "
+        "selected plan in red",
+        fontsize=11,
+    )
+    fig.tight_layout()
     return _save(fig, path)
+
+
+# -- memory per plan --------------------------------------------------------------------------------------
+
+
+def memory_chart(result: RunResult, path: Path) -> Path | None:
+    data: MemoryChart | None = memory_bars(result)
+    if data is None:
+        return None
+    bars, n = data.bars, len(data.bars)
+    fig, ax = plt.subplots(figsize=(13, 2.2 + 0.42 * n))
+    y = list(range(n))
+    left = [0.0] * n
+    for term in TERMS:
+        vals = [b.terms[term] for b in bars]
+        ax.barh(y, vals, left=left, height=0.62, color=TERM_COLORS[term], label=term)
+        left = [a + v for a, v in zip(left, vals, strict=True)]
+    # The scale stops short of a plan far past the device memory (its total says "off the scale").
+    cap = max(data.device_memory, data.limit) * 1.25
+    right = max([b.high for b in bars if b.high <= cap] + [data.device_memory, data.limit]) * 1.45
+    totals = [b.total for b in bars]
+    err = [[max(b.total - b.low, 0.0) for b in bars], [max(b.high - b.total, 0.0) for b in bars]]
+    ax.errorbar(totals, y, xerr=err, fmt="none", ecolor="black", capsize=3, lw=1.1, label="total, 80 %")
+    box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1}
+    for i, b in enumerate(bars):
+        text = f"{_gib(b.total)} GiB (80 %: {_gib(b.low, b.total)}–{_gib(b.high, b.total)})"
+        if b.host > 0:
+            text += f" + {_size(b.host)} on host"
+        off = b.high > cap
+        ax.text(
+            right * 0.99 if off else b.high + right * 0.01,
+            i,
+            text + (" ▶ off the scale" if off else ""),
+            va="center",
+            ha="right" if off else "left",
+            fontsize=8,
+            bbox=box,
+            zorder=5,
+        )
+    ax.axvline(
+        data.limit,
+        color=SELECTED_COLOR,
+        linestyle="--",
+        lw=1.5,
+        label=f"limit {_gib(data.limit)} GiB (after headroom)",
+    )
+    memory_name = "memory per worker" if data.device_name == "cpu" else "HBM"
+    ax.axvline(
+        data.device_memory,
+        color="grey",
+        linestyle=":",
+        lw=1.5,
+        label=f"{memory_name} {_gib(data.device_memory)} GiB",
+    )
+    ax.set_yticks(y, [f"{b.label} ({b.status})" for b in bars], fontsize=8)
+    _bold_selected(ax, [b.selected for b in bars])
+    ax.invert_yaxis()
+    ax.set_xlim(0, right)
+    ax.set_xlabel(f"GiB per GPU ({data.device_name})")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(
+        "Memory per GPU of each plan shown, by term: the total and its 80 % interval against the limit",
+        fontsize=11,
+    )
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=5, bbox_to_anchor=(0.5, 0.0))
+    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
+    return _save(fig, path)
+
+
+# -- cost against throughput -----------------------------------------------------------------------------
 
 
 def _front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -107,50 +259,69 @@ def cost_vs_throughput(result: RunResult, path: Path) -> Path | None:
     budget = result.budget.get("max_dollars")
     if budget:
         ax.axhline(budget, color="red", linestyle="--", label=f"max_dollars ${budget:,.0f}")
-    ax.set_yscale("log")
+    log = all(d > 0 for _, d, _ in points)
+    if log:
+        ax.set_yscale("log")
     ax.set_xlabel("tokens/s (whole cluster)")
-    ax.set_ylabel("dollars, interruptions included (log)")
+    ax.set_ylabel("dollars, interruptions included" + (" (log)" if log else " (no price set)"))
     ax.set_title("Cost against throughput, every plan that fits in memory")
     ax.legend(fontsize=7)
+    fig.tight_layout()
     return _save(fig, path)
 
 
-def predicted_vs_measured(result: RunResult, path: Path) -> Path | None:
+# -- what the proxies check ------------------------------------------------------------------------------
+
+
+def proxy_chart(result: RunResult, path: Path) -> Path | None:
     ok = [p for p in result.proxies if p.status == "ok" and p.measured]
     if not ok:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    for ax, key, unit in zip(
-        axes, ("activation_bytes_per_rank", "model_state_bytes_per_rank"), ("MiB", "MiB"), strict=True
-    ):
-        pts = []
-        for p in ok:
+    words = proxy_text(result)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    for ax, (key, _), title in zip(axes, PROXY_TERMS, words.panel_titles, strict=True):
+        pts: list[float] = []
+        calibrated = False
+        for n, p in enumerate(ok, start=1):
             m = p.measured.get(key)
-            if not m:
+            prior = p.predicted_prior.get(key)
+            if not m or prior is None:
                 continue
-            ax.scatter([p.predicted_prior.get(key, 0) / 2**20], [m / 2**20], marker="o", color="tab:grey")
-            if p.predicted_calibrated:
-                ax.scatter(
-                    [p.predicted_calibrated.get(key, 0) / 2**20], [m / 2**20], marker="s", color="tab:green"
-                )
-            ax.annotate(p.proxy_label, (p.predicted_prior.get(key, 0) / 2**20, m / 2**20), fontsize=6)
-            pts += [m / 2**20, p.predicted_prior.get(key, 0) / 2**20]
+            m, prior = m / MIB, prior / MIB
+            ax.scatter([prior], [m], marker="o", s=90, facecolors="none", edgecolors="tab:grey", lw=1.5)
+            pts += [m, prior]
+            cal = p.predicted_calibrated.get(key)
+            if cal is not None:
+                ax.scatter([cal / MIB], [m], marker="s", s=25, color="tab:green")
+                pts.append(cal / MIB)
+                calibrated = True
+            ax.annotate(str(n), (prior, m), xytext=(5, 4), textcoords="offset points", fontsize=9)
         if pts:
             lo, hi = min(pts) * 0.9, max(pts) * 1.1
-            ax.plot([lo, hi], [lo, hi], linestyle="--", color="grey")
-        ax.scatter([], [], marker="o", color="tab:grey", label="analytical prior")
-        ax.scatter([], [], marker="s", color="tab:green", label="calibrated on proxies")
-        ax.set_xlabel(f"predicted ({unit})")
-        ax.set_ylabel(f"measured ({unit})")
-        ax.set_title(key.replace("_", " "))
-        ax.legend(fontsize=7)
+            ax.plot([lo, hi], [lo, hi], linestyle="--", color="grey", label="model exact")
+        ax.scatter([], [], marker="o", facecolors="none", edgecolors="tab:grey", label="analytical prior")
+        if calibrated:
+            ax.scatter([], [], marker="s", color="tab:green", label="calibrated on proxies")
+        ax.set_xlabel(words.xlabel)
+        ax.set_ylabel(words.ylabel)
+        ax.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(words.title, fontsize=11)
+    key = "; ".join(f"{n} = {p.proxy_label}" for n, p in enumerate(ok, start=1))
+    foot = [words.built + ".", words.note, f"Points: {key}."]
+    fig.text(
+        0.01, -0.01, "\n".join(line for f in foot for line in textwrap.wrap(f, WRAP)), fontsize=8, va="top"
+    )
+    fig.tight_layout()
     return _save(fig, path)
 
 
 def draw_all(result: RunResult, folder: Path) -> dict[str, Path]:
     made = {
-        "memory": memory_breakdown(result, folder / "memory_breakdown.png"),
+        "families": families_chart(result, folder / "families_hours_dollars.png"),
+        "memory": memory_chart(result, folder / "memory_breakdown.png"),
         "cost_vs_throughput": cost_vs_throughput(result, folder / "cost_vs_throughput.png"),
-        "proxies": predicted_vs_measured(result, folder / "proxies_predicted_vs_measured.png"),
+        "proxies": proxy_chart(result, folder / "proxies_predicted_vs_measured.png"),
     }
     return {k: v for k, v in made.items() if v is not None}

@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from service.report.charts import draw_all
+from service.report.charts_data import CPU_SPEED_WHY, proxy_speed_unused, proxy_text
+from service.report.memo_confidence import confidence_blocks
+from service.report.memo_goodput import goodput_blocks
 from service.report.render import Block, to_html, to_markdown
 from service.report.result import CALIBRATED, MEASURED, PRIOR, PUBLISHED, Interval, PlanRow, RunResult
 
@@ -70,7 +73,7 @@ def decision(r: RunResult) -> list[Block]:
     sel = r.selected
     if sel is None:
         return [("h2", "Decision"), ("p", f"**No plan meets the budget.** {r.message}")]
-    c, g = r.cluster, r.goodput
+    c = r.cluster
     mem = sel.memory_per_gpu_bytes
     text = (
         f"Run **{sel.label}** on {c['num_gpus']} × {c['gpu']} "
@@ -83,18 +86,7 @@ def decision(r: RunResult) -> list[Block]:
         f"{r.budget.get('memory_headroom', 0):.0%} headroom)."
     )
     blocks: list[Block] = [("h2", "Decision"), ("p", text)]
-    if g is not None:
-        blocks.append(
-            (
-                "p",
-                (
-                    f"Checkpoint every **{g.checkpoint_interval_hours:.2f} h** (Young/Daly optimum "
-                    f"{g.young_daly_interval_hours:.1f} h for a {g.checkpoint_bytes / 1e9:,.0f} GB "
-                    f"checkpoint written in {g.checkpoint_write_s:,.0f} s; job MTBF {g.mtbf_hours:,.0f} h); "
-                    f"expected goodput {g.goodput:.1%}."
-                ),
-            )
-        )
+    blocks += goodput_blocks(r)
     budget = ", ".join(f"{k} {v}" for k, v in r.budget.items() if v is not None)
     blocks.append(("p", f"Budget: {budget}. {r.plans_ranked:,} valid plans ranked. {r.message}"))
     return blocks
@@ -184,35 +176,11 @@ def proxies(r: RunResult) -> list[Block]:
         blocks.append(
             (
                 "table",
-                ["production plan", "proxy plan", "why validated"],
+                ["production plan", "proxy plan", "why this plan gets a proxy"],
                 [[c["plan"], c["proxy"], c["why"]] for c in d["choices"]],
             )
         )
-    rows = []
-    for p in r.proxies:
-        m, pr, pc = p.measured, p.predicted_prior, p.predicted_calibrated
-        rows.append(
-            [
-                p.proxy_label,
-                p.status + (f": {p.reason[:80]}" if p.reason else ""),
-                f"{_mib(m.get('activation_bytes_per_rank'))} [measured]",
-                f"{_mib(pr.get('activation_bytes_per_rank'))} [prior]",
-                f"{_mib(pc.get('activation_bytes_per_rank'))} [calibrated]" if pc else "-",
-                f"{_mib(m.get('model_state_bytes_per_rank'))} / {_mib(pr.get('model_state_bytes_per_rank'))}",
-                f"{m.get('tokens_per_s', 0):,.0f} / {pr.get('tokens_per_s', 0):,.0f}",
-            ]
-        )
-    if rows:
-        head = [
-            "proxy",
-            "status",
-            "activations MiB",
-            "predicted",
-            "calibrated",
-            "model state MiB measured / prior",
-            "tokens/s measured / prior (CPU: not used)",
-        ]
-        blocks.append(("table", head, rows))
+    blocks += _proxy_table(r)
     v = r.proxy_validation_error
     if v.get("n"):
         act, state = v.get("activation_bytes_per_rank", {}), v.get("model_state_bytes_per_rank", {})
@@ -240,7 +208,50 @@ def proxies(r: RunResult) -> list[Block]:
             f"Time terms: {c.get('time_terms', 'n/a')}.",
         )
     )
-    blocks.append(("img", "proxies", "Predicted against measured on the proxies"))
+    blocks.append(("img", "proxies", proxy_text(r).caption))
+    return blocks
+
+
+def _proxy_table(r: RunResult) -> list[Block]:
+    """What each proxy measured against the model. CPU proxies of a GPU cluster get no tokens/s column:
+    gloo on CPU cores says nothing of GPU kernels, NVLink or InfiniBand, so their speed is not used."""
+    speed = not proxy_speed_unused(r)
+    rows = []
+    for p in r.proxies:
+        m, pr, pc = p.measured, p.predicted_prior, p.predicted_calibrated
+        cells = [
+            p.proxy_label,
+            p.status + (f": {p.reason[:80]}" if p.reason else ""),
+            f"{_mib(m.get('activation_bytes_per_rank'))} [measured]",
+            f"{_mib(pr.get('activation_bytes_per_rank'))} [prior]",
+            f"{_mib(pc.get('activation_bytes_per_rank'))} [calibrated]" if pc else "-",
+            f"{_mib(m.get('model_state_bytes_per_rank'))} / {_mib(pr.get('model_state_bytes_per_rank'))}",
+        ]
+        if speed:
+            cells.append(f"{m.get('tokens_per_s', 0):,.0f} / {pr.get('tokens_per_s', 0):,.0f}")
+        rows.append(cells)
+    if not rows:
+        return []
+    head = [
+        "proxy",
+        "status (ok: the layout built and stepped)",
+        "activations MiB",
+        "predicted",
+        "calibrated",
+        "model state MiB measured / prior",
+    ]
+    if speed:
+        head.append("tokens/s measured / prior")
+    blocks: list[Block] = [("table", head, rows)]
+    if not speed:
+        blocks.append(
+            (
+                "p",
+                f"No tokens/s column: {CPU_SPEED_WHY}, so their speed is not used; the GPU plan's speed "
+                "comes from the cost model's time parameters, not from these runs. What these proxies "
+                "check is that each layout builds and steps, and its memory terms per rank.",
+            )
+        )
     return blocks
 
 
@@ -310,32 +321,6 @@ def goodput(r: RunResult) -> list[Block]:
     return [("h2", "Goodput"), ("table", ["", "value", "source / rule"], rows)]
 
 
-def sensitivity(r: RunResult) -> list[Block]:
-    s = r.sensitivity
-    if s is None:
-        return []
-    unit = "dollars" if r.objective == "cost" else "tokens/s"
-    rows = [
-        [
-            sc.name,
-            sc.selected_label or "none",
-            sc.nominal_status,
-            _pct(sc.nominal_regret),
-            f"{sc.objective_value:,.0f}" if sc.objective_value is not None else "-",
-        ]
-        for sc in s.scenarios
-    ]
-    return [
-        ("h2", "Sensitivity (±20 %)"),
-        (
-            "table",
-            ["scenario", "best plan", "nominal choice's status", "nominal choice's regret", f"best {unit}"],
-            rows,
-        ),
-        ("p", f"{s.note}." + (f" The best plan changes under: {', '.join(s.flips)}." if s.flips else "")),
-    ]
-
-
 def own_script_note(r: RunResult) -> str:
     """What a training script must do for the shipped config to hold: DeepSpeed checks train_batch_size
     against micro-batch × accumulation × its data-parallel size, which is the world size unless the
@@ -384,8 +369,16 @@ def blocks(r: RunResult) -> list[Block]:
     ]
     out += decision(r)
     out += alternatives(r)
-    out += [("img", "memory", "Memory per GPU"), ("img", "cost_vs_throughput", "Cost against throughput")]
-    out += proxies(r) + extrapolation(r) + goodput(r) + sensitivity(r)
+    out += [
+        (
+            "img",
+            "families",
+            "Hours and dollars of the best plan of each strategy family, 80 % intervals, against the budget",
+        ),
+        ("img", "memory", "Memory per GPU"),
+        ("img", "cost_vs_throughput", "Cost against throughput"),
+    ]
+    out += proxies(r) + extrapolation(r) + goodput(r) + confidence_blocks(r)
     out += [("h2", "Risks"), ("ul", r.risks or ["none found"])]
     out += [
         ("h2", "Assumptions and sources"),

@@ -84,6 +84,17 @@ class ProxyTrial(BaseModel):
     mlflow_run_id: str | None = None
 
 
+class IntervalCost(BaseModel):
+    """Expected wall-clock when checkpointing every `interval_hours` instead of at the optimum."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str  # "Young/Daly optimum", "1 h", "30 min", "15 min"
+    interval_hours: float
+    wall_hours: float  # expected, same rule as Goodput.rule
+    extra_vs_optimum: float  # fraction: wall_hours / the optimum's wall_hours - 1
+
+
 class Goodput(BaseModel):
     """Expected time lost to interruptions for the selected plan (Young/Daly checkpoint interval)."""
 
@@ -105,6 +116,9 @@ class Goodput(BaseModel):
     restart_hours: float
     goodput: float  # useful training hours / wall-clock hours
     rule: str
+    num_gpus: int = 0  # the cluster the rate was chosen for (0: a result written before it was recorded)
+    failure_free_hours: float = 0.0  # H
+    interval_costs: list[IntervalCost] = Field(default_factory=list)  # the optimum, then shorter intervals
 
 
 class Scenario(BaseModel):
@@ -125,6 +139,31 @@ class Sensitivity(BaseModel):
     chosen_label: str | None
     flips: list[str]  # scenarios whose best plan differs from the nominal choice
     note: str
+    flip: str = ""  # what would flip the decision, in one line
+    budget_margin: str = ""  # the throughput below which the choice breaks the budget
+
+
+class TieGroup(BaseModel):
+    """Plans the model cannot order (within its resolution of the best), and why the choice won."""
+
+    model_config = ConfigDict(frozen=True)
+
+    resolution: float  # log ratio: the parameter set's offset-free scatter
+    members: list[str]  # plan labels, the choice first
+    note: str
+
+
+class Evidence(BaseModel):
+    """Where the fit stands for the chosen plan: its software stack, whether the fit saw it, and the
+    nearest fitted runs with the model's out-of-sample error on each."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stack: str
+    gpu: str
+    stack_fitted: bool
+    interval_note: str
+    nearest: list[str]
 
 
 class Alternative(BaseModel):
@@ -177,6 +216,8 @@ class RunResult(BaseModel):
     extrapolation: Extrapolation | None = None
     goodput: Goodput | None = None
     sensitivity: Sensitivity | None = None
+    ties: TieGroup | None = None
+    evidence: Evidence | None = None
     alternatives: list[Alternative] = Field(default_factory=list)
     risks: list[str] = Field(default_factory=list)
     assumptions: list[dict[str, str]] = Field(default_factory=list)

@@ -66,7 +66,9 @@ def risks(result: RunResult) -> list[str]:
         )
     sens = result.sensitivity
     if sens is not None and sens.flips:
-        out.append("the best plan changes under: " + ", ".join(sens.flips) + f" ({sens.note})")
+        out.append(
+            "the choice leaves the best plan's tie group under: " + ", ".join(sens.flips) + f" ({sens.note})"
+        )
     if result.goodput is not None and result.goodput.expected_interruptions >= 0.5:
         out.append(
             f"{result.goodput.expected_interruptions:.1f} interruptions expected: checkpoint every "
@@ -94,7 +96,7 @@ def _plan_b(result: RunResult) -> str:
 
 
 def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]:
-    gp = spec.goodput
+    gp, n = spec.goodput, spec.cluster.num_gpus
     return [
         {
             "what": "memory and time formulas",
@@ -113,8 +115,8 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
             "source": f"${spec.cluster.price_usd_per_gpu_hour:g} (the experiment)",
         },
         {
-            "what": f"interruption rate {gp.interruptions_per_gpu_hour:.3g} per GPU-hour",
-            "source": gp.interruption_source,
+            "what": f"interruption rate {gp.rate_per_gpu_hour(n):.3g} per GPU-hour",
+            "source": gp.source_for(n),
         },
         {"what": "checkpoint storage bandwidth", "source": gp.storage_source},
         {

@@ -25,10 +25,12 @@ import numpy as np
 
 from service.report.result import CALIBRATED, PRIOR, PUBLISHED, Alternative, ProxyTrial, RunResult
 from service.run import calibration as cal
-from service.run.decide import FEASIBLE, Scored, best_cluster, score, sensitivity
+from service.run.decide import FEASIBLE, Scored, best_cluster, score
+from service.run.evidence import evidence, tie_group
 from service.run.goodput import checkpoint_bytes, goodput_record
 from service.run.proxies import run_proxies
 from service.run.rows import memo_rows
+from service.run.sensitivity import sensitivity
 from service.run.validate import choose, design_proxy
 from service.search.result import SearchResult
 from service.spec.errors import SpecError
@@ -208,6 +210,8 @@ class Run:
             extrapolation=extrap,
             goodput=self._goodput(main, selected),
             sensitivity=sens,
+            ties=tie_group(main),
+            evidence=evidence(main, chosen, params, spec.model, spec.workload),
             alternatives=_alternatives(spec, scored, win),
             out_dir=str(self.out_dir),
             search_path=str(self.out_dir / "search" / search_name) if search_name else None,

@@ -59,7 +59,9 @@ def pareto_front(s: Scored) -> list[int]:
 def why(s: Scored, row: int, chosen: int | None, budget: Budget, status: str) -> str:
     est, plans = s.est, s.plans
     if status == "selected":
-        return f"best {budget.objective} of the plans that fit and meet the budget"
+        return f"lowest risk of the plans tied for the best {budget.objective} (see Ties and Sensitivity)"
+    if status in ("tied", "riskier") and chosen is not None:
+        return _tied_why(s, row, chosen, budget)
     if status == "over memory":
         need, limit = est.total_bytes[row] / GIB, est.memory_limit_bytes[row] / GIB
         return f"needs {need:.1f} GiB per GPU; the limit is {limit:.1f} GiB"
@@ -80,10 +82,23 @@ def why(s: Scored, row: int, chosen: int | None, budget: Budget, status: str) ->
             else f"{est.tokens_per_s[row]:,.0f} tokens/s vs {est.tokens_per_s[chosen]:,.0f}"
         )
     if status == "less robust":
-        return f"best nominal plan but less robust under ±20 % than {label} (see sensitivity)"
+        return f"the nominal choice, but less robust than {label} under the sensitivity scenarios"
     if budget.objective == "cost":
         return f"${est.dollars[row]:,.0f} vs ${est.dollars[chosen]:,.0f} for {label}"
     return f"{est.tokens_per_s[row]:,.0f} tokens/s vs {est.tokens_per_s[chosen]:,.0f} for {label}"
+
+
+def _tied_why(s: Scored, row: int, chosen: int, budget: Budget) -> str:
+    """A tied plan: inside the model's resolution of the choice; what makes it riskier, if anything."""
+    est, label = s.est, s.plans.row(chosen).short()
+    if budget.objective == "cost":
+        gap = f"${est.dollars[row]:,.0f} vs ${est.dollars[chosen]:,.0f}"
+    else:
+        gap = f"{est.tokens_per_s[row]:,.0f} vs {est.tokens_per_s[chosen]:,.0f} tokens/s"
+    risk = s.selection.risk
+    reasons = risk.why_riskier(row, chosen) if risk is not None else []
+    tail = "; ".join(reasons) if reasons else "as safe; the choice is ahead on the objective or equal"
+    return f"tied with {label} ({gap}, inside the model's resolution): {tail}"
 
 
 def plan_row(

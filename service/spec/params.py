@@ -137,6 +137,11 @@ class Domain(BaseModel):
     max_gpus: int = Field(0, ge=0, description="Most GPUs of any fitted run (0 = no data).")
     max_seq_len: int = Field(0, ge=0, description="Longest sequence of any fitted run.")
     gpu_types: list[str] = Field(default_factory=list, description="GPU catalog names the fit saw.")
+    stacks: list[str] = Field(
+        default_factory=list,
+        description="Software stacks the fit saw, each on its GPU ('DeepSpeed ZeRO-3, bf16 on "
+        "h100-sxm-80gb'; service/spec/stack.py). Empty: the rule for unseen stacks is off.",
+    )
 
 
 class Residuals(BaseModel):
@@ -151,6 +156,30 @@ class Residuals(BaseModel):
     q10: float = 0.0
     q90: float = 0.0
     method: str = ""
+    scatter: float = Field(
+        0.0,
+        ge=0,
+        description="Offset-free scatter: the source-weighted RMS of the out-of-sample log residuals "
+        "about each source's own mean. Two runs on one software stack can be mispredicted by about "
+        "this much relative to each other, so plans closer than it tie (plans/select.py).",
+    )
+
+
+class FitRun(BaseModel):
+    """One run the set was fit on, and how far off the fit was on it out of sample (its source left out):
+    what the memo prints beside a number as the nearest published evidence."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    source: str
+    model: str
+    params_b: float = Field(ge=0, description="Model parameters, billions.")
+    gpu: str
+    num_gpus: int = Field(ge=1)
+    stack: str = Field(description="Software stack (service/spec/stack.py), without the GPU.")
+    plan: str = Field(description="The run's plan label.")
+    error: float = Field(description="Out-of-sample predicted / measured − 1 (negative: predicted too slow).")
 
 
 class ModelParams(BaseModel):
@@ -167,10 +196,17 @@ class ModelParams(BaseModel):
     values: dict[str, Band] = Field(default_factory=default_bands)
     residuals: Residuals = Field(default_factory=Residuals)
     domain: Domain = Field(default_factory=Domain)
+    runs: list[FitRun] = Field(
+        default_factory=list,
+        description="The fitted runs with their out-of-sample errors (leave-one-source-out).",
+    )
     # Log-interval widening per doubling outside the fitted domain (GPUs, sequence length) and for an
     # unseen GPU type; see `widening`.
     widen_per_doubling: float = Field(0.25, ge=0)
     widen_unseen_gpu: float = Field(0.5, ge=0)
+    # An unseen software stack on a GPU the fit saw (or a stack seen on no GPU at all): its kernels and
+    # runtime carry an offset no fitted source measured (service/spec/stack.py says what a stack is).
+    widen_unseen_stack: float = Field(0.5, ge=0)
 
     @model_validator(mode="after")
     def _complete(self) -> ModelParams:
@@ -202,10 +238,12 @@ class ModelParams(BaseModel):
         """Parameters sitting on an edge of their band: the data would push them further."""
         return {k: edge for k, b in self.values.items() if (edge := b.at_bound()) is not None}
 
-    def widening(self, num_gpus: Any, seq_len: Any, gpu_name: str) -> Any:
+    def widening(self, num_gpus: Any, seq_len: Any, gpu_name: str, stacks: Any = None) -> Any:
         """Factor (≥ 1) on the log-interval for an estimate at (num_gpus, seq_len, gpu) — the stated rule:
         1 + widen_per_doubling × (doublings beyond the largest fitted GPU count + doublings beyond the
-        longest fitted sequence) + widen_unseen_gpu if the GPU type was not in the fit."""
+        longest fitted sequence) + widen_unseen_gpu if the GPU type was not in the fit
+        + widen_unseen_stack if the plan's software stack (`stacks`, service/spec/stack.py) was not fit
+        on this GPU — on an unseen GPU only if the stack was fit on no GPU at all."""
         import numpy as np
 
         d = self.domain
@@ -214,7 +252,27 @@ class ModelParams(BaseModel):
         gpus_out = np.maximum(0.0, np.log2(np.asarray(num_gpus, dtype=float) / d.max_gpus))
         seq_out = np.maximum(0.0, np.log2(np.asarray(seq_len, dtype=float) / max(d.max_seq_len, 1)))
         unseen = 0.0 if gpu_name in d.gpu_types else self.widen_unseen_gpu
-        return 1.0 + self.widen_per_doubling * (gpus_out + seq_out) + unseen
+        return (
+            1.0
+            + self.widen_per_doubling * (gpus_out + seq_out)
+            + unseen
+            + self.stack_widening(stacks, gpu_name)
+        )
+
+    def stack_widening(self, stacks: Any, gpu_name: str) -> Any:
+        """`widen_unseen_stack` where a stack is outside the fit (see `widening`), else 0."""
+        import numpy as np
+
+        if stacks is None or not self.domain.stacks:
+            return 0.0
+        names = np.atleast_1d(np.asarray(stacks, dtype=object))
+        if gpu_name in self.domain.gpu_types:
+            seen = {f"{n} on {gpu_name}" for n in set(names)} & set(self.domain.stacks)
+            unseen = np.array([f"{n} on {gpu_name}" not in seen for n in names])
+        else:
+            anywhere = {k.rsplit(" on ", 1)[0] for k in self.domain.stacks}
+            unseen = np.array([n not in anywhere for n in names])
+        return np.where(unseen, self.widen_unseen_stack, 0.0)
 
     def summary(self) -> dict[str, Any]:
         """What `estimate --json` and `plan --json` print under `params`."""
@@ -235,12 +293,13 @@ class ModelParams(BaseModel):
 
 
 def interval_bounds(
-    predicted: Any, params: ModelParams, num_gpus: Any, seq_len: Any, gpu_name: str
+    predicted: Any, params: ModelParams, num_gpus: Any, seq_len: Any, gpu_name: str, stacks: Any = None
 ) -> tuple[Any, Any]:
-    """(low, high) 80 % interval around `predicted` tokens/s; equal to it when the set has no residuals."""
+    """(low, high) 80 % interval around `predicted` tokens/s; equal to it when the set has no residuals.
+    `stacks`: each plan's software stack (service/spec/stack.py), for the unseen-stack widening."""
     import numpy as np
 
-    w = params.widening(num_gpus, seq_len, gpu_name)
+    w = params.widening(num_gpus, seq_len, gpu_name, stacks)
     r = params.residuals
     low = np.asarray(predicted, dtype=float) * np.exp(min(r.q10, 0.0) * w)
     high = np.asarray(predicted, dtype=float) * np.exp(max(r.q90, 0.0) * w)

@@ -23,6 +23,24 @@ LLAMA3_SOURCE = (
     "Llama 3 paper (Dubey et al. 2024, arXiv:2407.21783, §3.3.4): 419 unexpected interruptions in "
     "54 days on 16,384 H100 GPUs"
 )
+# Kokolis et al. 2024 ("Revisiting Reliability in Large-Scale Machine Learning Research Clusters", Meta,
+# arXiv:2410.21680, HPCA 2025; Fig. 7): over 11 months of Meta's shared A100 research clusters, jobs
+# of 8 GPUs had a measured mean time to failure of 47.7 days and jobs of 1,024 GPUs 7.9 h. Per GPU that is
+# 1 / (47.7 · 24 · 8) = 1.09e-4 and 1 / (7.9 · 1,024) = 1.24e-4 interruptions per GPU-hour: alike from 8
+# to 1,024 GPUs, and 5.5–6.3× Llama 3's dedicated, burned-in 16,384-GPU run (1.97e-5). (Their hardware-only
+# node rate, 6.50 failures per 1,000 node-days on RSC-1 and 2.34 on RSC-2, counted on jobs over 128 GPUs,
+# is lower; the job-level MTTF is what stops a run.)
+SMALL_JOB_MTTF_DAYS = 47.7
+SMALL_JOB_GPUS = 8
+SMALL_CLUSTER_RATE_PER_GPU_HOUR = 1.0 / (SMALL_JOB_MTTF_DAYS * 24 * SMALL_JOB_GPUS)
+SMALL_CLUSTER_SOURCE = (
+    "Kokolis et al. 2024 (Meta research clusters, arXiv:2410.21680, Fig. 7): 8-GPU jobs' measured mean "
+    "time to failure 47.7 days, i.e. 1 / (47.7 days × 8 GPUs); their 1,024-GPU jobs' 7.9 h gives a "
+    "similar 1.2e-4 per GPU-hour"
+)
+# The largest job size Kokolis et al. measured (beyond it their MTTFs are projections). Up to it the
+# default is their shared-cluster rate; above it, a run is planned on a dedicated fleet like Llama 3's.
+SMALL_CLUSTER_MAX_GPUS = 1024
 # Same paper, §3.3.1: Tectonic sustains 2 TB/s (peaks 7 TB/s) for 16,384 GPUs' checkpoints.
 STORAGE_GB_PER_S_PER_GPU = 2000.0 / LLAMA3_GPUS
 STORAGE_SOURCE = (
@@ -34,18 +52,27 @@ STORAGE_SOURCE = (
 class GoodputSpec(BaseModel):
     """Interruptions and checkpointing of the production run (what turns step time into wall-clock).
 
+    The interruption rate's default depends on the cluster (`rate_per_gpu_hour`): up to 1,024 GPUs the
+    per-GPU rate Kokolis et al. 2024 measured on small jobs in Meta's shared research clusters (1.09e-4,
+    the rented or shared cluster's case), above it Llama 3's dedicated 16,384-GPU fleet (1.97e-5).
+
     Example (YAML, under an experiment):
         goodput: {interruptions_per_gpu_hour: 2.0e-5, storage_bandwidth_gb_per_s: 4.0, restart_minutes: 10}
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    interruptions_per_gpu_hour: float = Field(
-        LLAMA3_RATE_PER_GPU_HOUR,
+    interruptions_per_gpu_hour: float | None = Field(
+        None,
         ge=0,
-        description="Unexpected job interruptions per GPU-hour (default: Llama 3's rate, see the source).",
+        description="Unexpected job interruptions per GPU-hour (default by cluster size: Kokolis et al. "
+        "2024's small-job rate up to 1,024 GPUs, Llama 3's fleet rate above; see rate_per_gpu_hour).",
     )
-    interruption_source: str = Field(LLAMA3_SOURCE, description="Where the rate comes from.")
+    interruption_source: str | None = Field(
+        None,
+        description="Where your interruptions_per_gpu_hour comes from (only with that rate; the default "
+        "rates carry their own source).",
+    )
     storage_bandwidth_gb_per_s: float | None = Field(
         None,
         gt=0,
@@ -64,10 +91,32 @@ class GoodputSpec(BaseModel):
             return self.storage_bandwidth_gb_per_s
         return STORAGE_GB_PER_S_PER_GPU * num_gpus
 
+    def rate_per_gpu_hour(self, num_gpus: int) -> float:
+        """λ: the experiment's rate, else the default for a cluster of `num_gpus` GPUs."""
+        if self.interruptions_per_gpu_hour is not None:
+            return self.interruptions_per_gpu_hour
+        if num_gpus <= SMALL_CLUSTER_MAX_GPUS:
+            return SMALL_CLUSTER_RATE_PER_GPU_HOUR
+        return LLAMA3_RATE_PER_GPU_HOUR
+
+    def source_for(self, num_gpus: int) -> str:
+        """Where `rate_per_gpu_hour(num_gpus)` comes from, and why that default for this size."""
+        if self.interruptions_per_gpu_hour is not None:
+            return self.interruption_source or "the experiment's goodput.interruptions_per_gpu_hour"
+        if num_gpus <= SMALL_CLUSTER_MAX_GPUS:
+            return (
+                f"{SMALL_CLUSTER_SOURCE}; the default for a cluster of at most {SMALL_CLUSTER_MAX_GPUS:,} "
+                f"GPUs (this one: {num_gpus:,}), set goodput.interruptions_per_gpu_hour to yours"
+            )
+        return (
+            f"{LLAMA3_SOURCE}; the default above {SMALL_CLUSTER_MAX_GPUS:,} GPUs (this cluster: "
+            f"{num_gpus:,}), a dedicated fleet's rate, set goodput.interruptions_per_gpu_hour to yours"
+        )
+
     def young_daly_hours(self, num_gpus: int, ckpt_bytes: float) -> float:
         """Young's checkpoint interval τ = sqrt(2 · C · M) (Young 1974; Daly 2006, first order), C the
         write time and M = 1 / (λ · N) the job's mean time between failures; inf when λ = 0."""
-        rate = self.interruptions_per_gpu_hour * num_gpus
+        rate = self.rate_per_gpu_hour(num_gpus) * num_gpus
         if rate <= 0:
             return float("inf")
         write_hours = ckpt_bytes / (self.bandwidth_gb_per_s(num_gpus) * 1e9) / 3600.0

@@ -205,3 +205,29 @@ def test_accuracy_script_runs_and_writes_results(ds, tmp_path, capsys):
     assert set(summary["model"]["per_source"]) == set(ds.sources)
     assert summary["baseline"]["overall"]["n"] == len(rows)
     assert "worst 3 rows" in capsys.readouterr().out
+
+
+def test_per_stack_reports_bias_scatter_and_coverage():
+    """Two stacks: one 10 % slow throughout (a bias, no scatter), one ±5 % about none, half covered."""
+
+    def row(stack, source, error, interval):
+        return {
+            "stack": stack,
+            "source": source,
+            "error": error,
+            "measured_tokens_per_s_per_gpu": 100.0,
+            "interval_80": interval,
+        }
+
+    rows = [
+        row("a", "s1", -0.1, [95, 99]),
+        row("a", "s1", -0.1, [95, 99]),
+        row("b", "s2", 0.05, [90, 110]),
+        row("b", "s3", 1 / 1.05 - 1, [101, 110]),
+    ]
+    out = ta.per_stack(rows)
+    assert out["a"]["bias_log"] == pytest.approx(np.log(0.9)) and out["a"]["scatter_after_offset"] < 1e-12
+    assert out["a"]["coverage_80"] == 0.0
+    assert out["b"]["bias_log"] == pytest.approx(0.0, abs=1e-12)
+    assert out["b"]["scatter_after_offset"] == pytest.approx(np.log(1.05))
+    assert out["b"]["coverage_80"] == 0.5 and out["b"]["sources"] == ["s2", "s3"]

@@ -10,10 +10,10 @@ from service.plans.select import (
     OVER_BUDGET,
     OVER_DEADLINE,
     OVER_MEMORY,
+    RISKIER,
     SELECTED,
     SLOWER,
     STATUSES,
-    TIED,
     select_plan,
 )
 from service.spec import Budget
@@ -34,7 +34,8 @@ def test_throughput_objective_picks_most_tokens_within_budget(make_estimates, ma
     assert sel.status.tolist() == [OVER_MEMORY, OVER_BUDGET, OVER_DEADLINE, SLOWER, SELECTED, SLOWER]
     assert sel.order.tolist() == [4, 3, 5, 1, 2]  # within budget by tokens/s, then the rest by tokens/s
     assert sel.counts() == {
-        "over memory": 1, "over budget": 1, "over deadline": 1, "slower": 2, "costlier": 0, "tied": 0
+        "over memory": 1, "over budget": 1, "over deadline": 1, "slower": 2, "costlier": 0, "tied": 0,
+        "riskier": 0,
     }  # fmt: skip
     assert "dp5-" in sel.message and "600,000 tokens/s" in sel.message and "$1,000" in sel.message
 
@@ -61,8 +62,8 @@ def test_exact_ties_go_to_the_plan_with_fewer_offloads(make_estimates, make_plan
     offloaded = type(plans)(**{**plans.__dict__, "offload_optimizer": np.array([True, False, True])})
     for objective in ("cost", "throughput"):
         sel = select_plan(offloaded, est, Budget(objective=objective))
-        assert sel.selected == 1 and sel.status.tolist() == [TIED, SELECTED, TIED]
-        assert sel.counts()["tied"] == 2
+        assert sel.selected == 1 and sel.status.tolist() == [RISKIER, SELECTED, RISKIER]
+        assert sel.counts()["riskier"] == 2
 
 
 def test_no_limits_means_every_fitting_plan_competes(make_estimates, make_plans):

@@ -23,7 +23,9 @@ SECTIONS = (
     "Validation on proxies",
     "Extrapolation distance",
     "Goodput",
-    "Sensitivity (±20 %)",
+    "Ties: what the model cannot tell apart",
+    "Evidence behind the number",
+    "Sensitivity: what would change the decision",
     "Risks",
     "Assumptions and sources",
     "Outputs",
@@ -84,12 +86,30 @@ def test_memo_has_every_section_tags_and_gpu_types(plan_only: RunResult) -> None
     assert "[prior]" in md  # memory: no proxy ran here
     # Time numbers come from the shipped parameter set, fit on published runs, not from a prior.
     assert "[published fit]" in md and plan_only.predicted["tokens_per_s"]["tag"] == "fit on published runs"
-    assert "419 unexpected interruptions" in md  # the cited interruption rate
+    assert "Kokolis et al. 2024" in md and "47.7 days" in md  # the cited rate for 32 GPUs
     assert "### GPU types under the same budget" in md and "a100-sxm-80gb" in md
     assert {a.gpu for a in plan_only.alternatives} == {"h100-sxm-80gb", "a100-sxm-80gb"}
     assert sum(a.outcome == "selected" for a in plan_only.alternatives) == 1
     losers = [r for r in plan_only.rows if r.status not in ("selected",)]
     assert losers and all(r.why for r in losers)
+
+
+def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan_only: RunResult) -> None:
+    """Issue #32's seed memo: a tie group with the reason the choice won it, no offload plan tied at no
+    cost, the nearest published runs beside the number, what would flip the choice, the budget margin."""
+    md = Path(plan_only.memo_paths["markdown"]).read_text()
+    assert plan_only.ties is not None and plan_only.selected_label in plan_only.ties.members
+    assert "wins the tie" in plan_only.ties.note and "A/B" in plan_only.ties.note
+    offload_rows = [r for r in plan_only.rows if r.plan["offload_params"] or r.plan["offload_optimizer"]]
+    assert offload_rows and all(r.status != "tied" for r in offload_rows)
+    assert all("offloads to host memory" in r.why for r in offload_rows if r.status == "riskier")
+    ev = plan_only.evidence
+    assert ev is not None and ev.stack == "DeepSpeed ZeRO-3, bf16" and not ev.stack_fitted
+    assert ev.nearest and all(line in md for line in ev.nearest)
+    sens = plan_only.sensitivity
+    assert sens is not None and "GB/s per GPU between nodes" in sens.flip
+    assert f"**What would flip it:** {sens.flip}" in md
+    assert sens.budget_margin.startswith("over budget (max_dollars) only below") and sens.budget_margin in md
 
 
 def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import yaml
 from service.catalog import load_model
 from service.costmodel.estimate import estimate
 from service.spec import load_experiment
-from service.spec.production import LLAMA3_RATE_PER_GPU_HOUR
+from service.spec.production import LLAMA3_RATE_PER_GPU_HOUR, SMALL_CLUSTER_RATE_PER_GPU_HOUR
 from service.train.production import ProductionRun
 
 SEED = "experiments/llama2-13b-32xh100.yaml"
@@ -33,10 +33,21 @@ def _young_daly_steps(path, rate: float, steps: int) -> int:
 def test_default_interval_is_young_daly_over_the_predicted_step(tmp_path):
     run = ProductionRun(SEED, PLAN, track=False)
     assert run.steps == 3814  # 2 B tokens ÷ 128 × 4,096 tokens per step
-    # Llama 3's interruption rate: Young's interval (6.4 h) outlasts the 3.9 h run, so only the end.
-    assert run.checkpoint_every == run.steps == _young_daly_steps(SEED, LLAMA3_RATE_PER_GPU_HOUR, run.steps)
+    # 32 GPUs get the small-cluster rate (Kokolis et al. 2024): Young's interval (2.7 h) falls inside
+    # the 3.9 h run, so one checkpoint on the way and one at the end.
+    expected = _young_daly_steps(SEED, SMALL_CLUSTER_RATE_PER_GPU_HOUR, run.steps)
+    assert run.checkpoint_every == expected and run.steps / 2 < expected < run.steps
     data = yaml.safe_load(Path(SEED).read_text())
-    data["goodput"] = {"interruptions_per_gpu_hour": 1e-3}  # 40× more: several checkpoints
+    data["goodput"] = {"interruptions_per_gpu_hour": LLAMA3_RATE_PER_GPU_HOUR}  # Llama 3's fleet rate:
+    fleet_rate = tmp_path / "fleet.yaml"  # Young's interval (6.4 h) outlasts the run, so only the end
+    fleet_rate.write_text(yaml.safe_dump(data))
+    fleet = ProductionRun(fleet_rate, PLAN, track=False)
+    assert (
+        fleet.checkpoint_every
+        == fleet.steps
+        == _young_daly_steps(fleet_rate, LLAMA3_RATE_PER_GPU_HOUR, fleet.steps)
+    )
+    data["goodput"] = {"interruptions_per_gpu_hour": 1e-3}  # 9× the default: several checkpoints
     path = tmp_path / "flaky.yaml"
     path.write_text(yaml.safe_dump(data))
     flaky = ProductionRun(path, PLAN, track=False)

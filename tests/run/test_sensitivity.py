@@ -1,0 +1,68 @@
+"""Sensitivity that can change the decision, on the seed: the levers that reorder plans, the line
+that says what would flip the choice, and the budget margin. Fast: the cost model only, no Ray."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.run.decide import score
+from service.run.sensitivity import memory_scaled_budget, sensitivity
+from service.spec import Budget, load_experiment
+from service.spec.params import load_params
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = REPO / "experiments" / "llama2-13b-32xh100.yaml"
+
+
+@pytest.fixture(scope="module")
+def seed():  # type: ignore[no-untyped-def]
+    spec, params = load_experiment(SEED), load_params()
+    s = score(spec.model, spec.cluster, spec.workload, spec.budget, params, spec.goodput)
+    sens, chosen = sensitivity(s, spec.model, spec.workload, spec.budget, params, spec.goodput)
+    return spec, s, sens, chosen
+
+
+def test_the_seeds_scenarios_are_the_levers_that_reorder_plans(seed):  # type: ignore[no-untyped-def]
+    _, _, sens, _ = seed
+    assert [sc.name for sc in sens.scenarios] == [
+        "network 12.5 GB/s per GPU (0.8 Tb/s per node)",
+        "network 25 GB/s per GPU (1.6 Tb/s per node)",
+        "+93 ms per micro-step",
+        "memory +15%",
+        "offload 2× slower",
+    ]
+    # At least one scenario changes the best plan: on 800 Gb/s per node another layout wins.
+    assert any(sc.selected_label != sens.chosen_label for sc in sens.scenarios)
+    assert "network 12.5 GB/s per GPU (0.8 Tb/s per node)" in sens.flips
+    assert "at 12.5 GB/s per GPU between nodes (of 50 assumed)" in sens.flip
+
+
+def test_the_choice_is_the_network_robust_plan_of_its_tie_group_and_never_an_offload(seed):  # type: ignore[no-untyped-def]
+    """Plain ZeRO-3 wins the tie on moving parts, but on a slower network it falls far behind while
+    ZeRO-3 with hpZ (gathers for backward stay in the node) does not: the robust choice is hpZ."""
+    _, s, sens, chosen = seed
+    assert sens.nominal_label == "dp32-tp1-pp1-z3-mb1-ga4-rc:none"
+    assert sens.chosen_label == "dp32-tp1-pp1-z3-hpz8-mb1-ga4-rc:none"
+    assert "so it is chosen" in sens.note
+    assert not s.plans.offload_params[chosen] and not s.plans.offload_optimizer[chosen]
+
+
+def test_the_budget_margin_is_the_throughput_at_which_the_dollars_run_out(seed):  # type: ignore[no-untyped-def]
+    spec, s, sens, chosen = seed
+    tokens, dollars = s.est.tokens_per_s[chosen], s.est.dollars[chosen]
+    floor = tokens * dollars / spec.budget.max_dollars  # $ scale as 1 / tokens/s for a fixed token count
+    assert floor < s.est.tokens_per_s_low[chosen]  # the whole interval is inside the budget
+    assert f"only below {floor:,.0f} tokens/s" in sens.budget_margin
+    assert "(max_dollars)" in sens.budget_margin
+
+
+def test_memory_plus_15_percent_is_a_tighter_limit():
+    budget = Budget(memory_headroom=0.10)
+    tight = memory_scaled_budget(budget, 1.15)
+    hbm = 80.0
+    limit = hbm * (1 - tight.memory_headroom)
+    assert limit * 1.15 == pytest.approx(hbm * 0.9)
+    assert np.isclose(tight.memory_headroom, 1 - 0.9 / 1.15)
