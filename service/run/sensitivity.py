@@ -137,7 +137,7 @@ def sensitivity(
         chosen = None
     else:
         # A more robust plan may replace the nominal choice, but not one riskier on what the tie rule
-        # puts first (offload, memory margin): robustness to a scenario does not buy those risks.
+        # puts first (offload, open defects, memory margin): robustness to a scenario does not buy those.
         allowed = feasible_nominal & ~_riskier(nominal, nominal_row)
         chosen = robust_choice(nominal_row, nominal.objective(objective), allowed, worst, objective)
         note = _robust_note(labels, nominal_row, chosen, worst)
@@ -173,11 +173,17 @@ def sensitivity(
 
 
 def _riskier(s: Scored, row: int) -> np.ndarray:
-    """Plans that offload more than `row`, or risk the memory limit where `row` does not."""
+    """Plans that offload more than `row`, use more features with open defects, or risk the memory
+    limit where `row` does not."""
     risk = s.selection.risk
     if risk is None:
         return np.zeros(len(s.est), dtype=bool)
-    return (risk.offloads > risk.offloads[row]) | (risk.tight_memory & ~risk.tight_memory[row])
+    bugs = risk.defect_count
+    return (
+        (risk.offloads > risk.offloads[row])
+        | (bugs > bugs[row])
+        | (risk.tight_memory & ~risk.tight_memory[row])
+    )
 
 
 def scenario_regret(s: Scored, objective: str) -> np.ndarray:
@@ -204,9 +210,15 @@ def _robust_note(labels: PlanTable, nominal_row: int, chosen: int, worst: np.nda
             f"best; {robust} is never more than {_pct(worst[chosen])} worse and within "
             f"{ROBUST_TOLERANCE:.0%} of the nominal best, so it is chosen"
         )
+    if worst[nominal_row] <= ROBUST_TOLERANCE:
+        return (
+            f"the choice stays within {_pct(worst[nominal_row])} of every scenario's best plan "
+            f"(tolerance {ROBUST_TOLERANCE:.0%}): kept"
+        )
     return (
-        f"the choice stays within {_pct(worst[nominal_row])} of every scenario's best plan "
-        f"(tolerance {ROBUST_TOLERANCE:.0%}): kept"
+        f"the choice is up to {_pct(worst[nominal_row])} behind a scenario's best plan, but no plan as safe "
+        f"(no more offload, open defects or memory risk) and within {ROBUST_TOLERANCE:.0%} of it nominally "
+        "stays closer in every scenario: kept"
     )
 
 

@@ -79,6 +79,9 @@ class EngineRules(BaseModel):
     # the cast reads the tensor once) or dynamic (torchao's tensorwise scaling, an amax reduction over
     # the tensor before the cast reads it again).
     fp8_scaling: Literal["delayed", "dynamic"]
+    # Plan columns whose feature has defects reported open in the engine's tracker, and what was
+    # reported (issue numbers); the tie rule weighs them (service/plans/risk.py).
+    open_defects: dict[str, str] = Field(default_factory=dict)
     # Per field: where it is documented, and the start of the error for a plan that breaks it.
     sources: dict[str, str]
     why: dict[str, str] = Field(default_factory=dict)

@@ -33,7 +33,34 @@ def test_plans_within_the_resolution_tie_and_the_safest_wins():
     assert sel.ties.tolist() == [2, 1, 0]  # safest first: hpZ (one moving part) before the offload
     assert "offloads to host memory" in sel.tie_note and plans.row(0).short() in sel.tie_note
     assert "A/B" in sel.tie_note  # what would separate them, named
-    assert sel.risk is not None and sel.risk.why_riskier(1, 2) == ["has more moving parts (ZeRO++ hpZ)"]
+    assert sel.risk is not None
+    assert sel.risk.why_riskier(1, 2)[1:] == ["has more moving parts (ZeRO++ hpZ)"]
+    assert sel.risk.why_riskier(1, 2)[0].startswith("uses a feature with defects reported open (hpZ:")
+
+
+def test_a_feature_with_open_defects_loses_a_tie_before_memory_margin_and_moving_parts():
+    """0 uses hpZ (DeepSpeed defects reported open); 1 is 2 % dearer, tight on memory and uses context
+    parallelism: 1 wins, the defect named; the same plans on FSDP record no defects."""
+    est = synthetic_estimates(
+        tokens_per_s=[1e5, 1e5], dollars=[100, 102], hours=[1, 1], total_bytes=[50 * GIB, 70 * GIB]
+    )
+    plans = _plans(2, zero_hpz_partition_size=[8, 1], cp=[1, 2], zero_stage=[3, 3])
+    sel = select_plan(plans, est, Budget(objective="cost"), RESOLUTION)
+    assert sel.selected == 1 and sel.status.tolist() == [RISKIER, SELECTED]
+    assert sel.risk is not None and sel.risk.why_riskier(0, 1)[0].startswith("uses a feature with defects")
+    fsdp = _plans(2, zero_hpz_partition_size=[8, 1], cp=[1, 2], zero_stage=[3, 3], engine=[1, 1])
+    assert risk_of(fsdp, est).defect_count.tolist() == [0, 0]
+
+
+def test_every_reported_defect_names_a_plan_column_and_an_issue():
+    from service.spec.engine import ENGINES, engine_rules
+    from service.spec.plan_table import PlanTable
+
+    columns = set(PlanTable.__dataclass_fields__)
+    for engine in ENGINES:
+        rules = engine_rules(engine)
+        assert set(rules.open_defects) <= columns, engine
+        assert all("#" in text for text in rules.open_defects.values()), engine
 
 
 def test_without_a_resolution_only_exact_ties_tie():
@@ -80,5 +107,6 @@ def test_the_seed_chooses_plain_zero3_among_its_ties_and_no_offload():
     ties = [result._ranking.enumeration.plans.row(int(r)).short() for r in sel.ties]
     assert "dp32-tp1-pp1-z3-hpz8-mb1-ga4-rc:none" in ties
     assert "has more moving parts (ZeRO++ hpZ)" in sel.tie_note
+    assert "deepspeedai/DeepSpeed#7164" in sel.tie_note  # hpZ's open defects, named
     assert "offpar" not in result.selected.plan.short() and "offopt" not in result.selected.plan.short()
     assert sel.tie_note in result.message

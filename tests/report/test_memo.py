@@ -108,6 +108,7 @@ def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan
     assert ev.nearest and all(line in md for line in ev.nearest)
     sens = plan_only.sensitivity
     assert sens is not None and "GB/s per GPU between nodes" in sens.flip
+    assert "deepspeedai/DeepSpeed#7164" in md  # why hpZ lost the tie, with the issue
     assert f"**What would flip it:** {sens.flip}" in md
     assert sens.budget_margin.startswith("over budget (max_dollars) only below") and sens.budget_margin in md
 

@@ -37,16 +37,16 @@ def test_the_seeds_scenarios_are_the_levers_that_reorder_plans(seed):  # type: i
     # At least one scenario changes the best plan: on 800 Gb/s per node another layout wins.
     assert any(sc.selected_label != sens.chosen_label for sc in sens.scenarios)
     assert "network 12.5 GB/s per GPU (0.8 Tb/s per node)" in sens.flips
-    assert "at 12.5 GB/s per GPU between nodes (of 50 assumed)" in sens.flip
 
 
-def test_the_choice_is_the_network_robust_plan_of_its_tie_group_and_never_an_offload(seed):  # type: ignore[no-untyped-def]
-    """Plain ZeRO-3 wins the tie on moving parts, but on a slower network it falls far behind while
-    ZeRO-3 with hpZ (gathers for backward stay in the node) does not: the robust choice is hpZ."""
+def test_the_choice_keeps_plain_zero3_over_hpz_with_its_open_defects(seed):  # type: ignore[no-untyped-def]
+    """Plain ZeRO-3 wins the tie. hpZ is more robust to a slower network (its backward gathers stay in
+    the node), but DeepSpeed's tracker has hpZ defects open (wrong loss, hangs): robustness does not buy
+    that risk, so the choice is kept, and the memo says at which bandwidth it would change."""
     _, s, sens, chosen = seed
-    assert sens.nominal_label == "dp32-tp1-pp1-z3-mb1-ga4-rc:none"
-    assert sens.chosen_label == "dp32-tp1-pp1-z3-hpz8-mb1-ga4-rc:none"
-    assert "so it is chosen" in sens.note
+    assert sens.nominal_label == sens.chosen_label == "dp32-tp1-pp1-z3-mb1-ga4-rc:none"
+    assert "no plan as safe" in sens.note and "kept" in sens.note
+    assert "at 25 GB/s per GPU between nodes (of 50 assumed)" in sens.flip
     assert not s.plans.offload_params[chosen] and not s.plans.offload_optimizer[chosen]
 
 
