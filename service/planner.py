@@ -47,7 +47,8 @@ from service.spec.plan_table import PRECISION_CODES, PlanTable
 
 class RankedPlan(BaseModel):
     """One scored plan: its place in the ranking (1 = best; None when it does not fit), its status
-    (selected, over memory, over budget, over deadline, slower, costlier, tied) and its estimate."""
+    (selected, over memory, over budget, over deadline, slower, costlier, tied, riskier) and its
+    estimate."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -58,6 +59,16 @@ class RankedPlan(BaseModel):
     @property
     def plan(self) -> Plan:
         return self.estimate.plan
+
+    def __str__(self) -> str:  # pydantic's own __str__ lists every field
+        return repr(self)
+
+    def __repr__(self) -> str:
+        e = self.estimate
+        return (
+            f"RankedPlan(#{self.rank} {self.status} {self.plan.short()}: {e.tokens_per_s:,.0f} tokens/s, "
+            f"{e.hours:,.2f} h, ${e.dollars:,.0f}, {e.memory_per_gpu_bytes.total / GIB:.1f} GiB/GPU)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,12 +1,14 @@
 """argparse types for numeric flags: a bad value is argparse's one-line error naming the flag.
 
 `type=float` takes "nan" and "inf", which then reach the JSON output as NaN / Infinity (not JSON); and
-`type=int` takes 0 and negatives where only a count makes sense."""
+`type=int` takes 0 and negatives where only a count makes sense. `output_path` checks a `--out` before a
+command does any work."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 
 def finite_float(text: str) -> float:
@@ -34,3 +36,21 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def output_path(flag: str, path: str, folder: bool = False) -> Path:
+    """Where a `--out` flag writes, checked before any work: its parent folder must exist (nothing the
+    user did not ask for is created), and a file path must not be a folder (nor a folder path a file).
+    A `SpecError` naming the flag otherwise."""
+    from service.spec.errors import SpecError
+
+    p = Path(path).expanduser()
+    want = "a folder" if folder else "a file"
+    if p.is_dir() and not folder:
+        raise SpecError(flag, f"{path} is a folder; give {want} path")
+    if p.exists() and folder and not p.is_dir():
+        raise SpecError(flag, f"{path} is a file, not a folder")
+    parent = p.absolute().parent
+    if not parent.is_dir():
+        raise SpecError(flag, f"folder {parent} does not exist; create it first (nothing is created for you)")
+    return p

@@ -71,21 +71,36 @@ def _names(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def _load_runs(path: str) -> Any:
+    """`load_runs`, with a file that is not UTF-8 text (the CSV reader decodes it itself) as one line."""
+    from service.calibrate import load_runs
+    from service.spec.experiment import read_text
+
+    read_text(path, "runs")  # missing, a folder, binary or UTF-16: the one-line error naming the file
+    return load_runs(path)
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from service.calibrate import load_runs
     from service.calibrate.crossval import calibrate, calibration_report
     from service.calibrate.runs import with_profiles
+    from service.cli.args import output_path
+    from service.profile import load_profile
     from service.spec.params import ModelParams, load_params, save_params
 
-    runs = with_profiles(load_runs(args.runs), args.profile)
+    # The quick checks first: the runs file's rows are planned one by one, and the fit takes a while.
+    out = output_path("--out", args.out) if args.out else None
+    fit = _names(args.fit)
     prior = load_params(args.prior) if args.prior else ModelParams()
+    for path in args.profile:
+        load_profile(path)
+    runs = with_profiles(_load_runs(args.runs), args.profile)
     note = f"fit by `python -m service calibrate {args.runs}`"
     name = args.name or Path(args.runs).stem
-    params, cv = calibrate(runs, prior, _names(args.fit), name=name, note=note, crossval=not args.no_crossval)
+    params, cv = calibrate(runs, prior, fit, name=name, note=note, crossval=not args.no_crossval)
     report = calibration_report(params, cv)
-    if args.out:
-        report["written"] = str(save_params(params, args.out))
+    if out is not None:
+        report["written"] = str(save_params(params, out))
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0

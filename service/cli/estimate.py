@@ -13,6 +13,7 @@ import json
 from typing import Any, get_args
 
 from service.cli.args import finite_float
+from service.cli.args import positive_int as _positive_int
 from service.spec.workload import SelectiveRecompute
 
 # plan_problem's field -> the flag a user of this command would change.
@@ -37,13 +38,6 @@ FLAGS = {
     "comm_overlap": "--comm-overlap",
     "tp_comm_overlap": "--tp-comm-overlap",
 }
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,6 +170,14 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(model, cluster, plan, workload) from the flags; `SpecError` naming the flag on bad input."""
     from service.catalog import load_gpu, load_model
     from service.spec import ClusterSpec, Plan, SpecError, Workload, plan_problem
+    from service.spec.errors import validate_as
+    from service.spec.hardware import MAX_GPUS
+    from service.spec.workload import MAX_SEQ_LEN
+
+    if args.gpus > MAX_GPUS:
+        raise SpecError("--gpus", f"{args.gpus:,} GPUs; allowed: at most {MAX_GPUS:,}")
+    if args.seq_len > MAX_SEQ_LEN:
+        raise SpecError("--seq-len", f"{args.seq_len:,} tokens; allowed: at most {MAX_SEQ_LEN:,}")
 
     try:
         model = load_model(args.model)
@@ -222,14 +224,28 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise SpecError("--headroom", f"must be in [0, 1), got {args.headroom}")
     if args.tokens_to_train <= 0:
         raise SpecError("--tokens-to-train", f"must be positive, got {args.tokens_to_train:g}")
-    workload = Workload(
+    batch = args.micro_batch * args.grad_accum * values["dp"]
+    if args.tokens_to_train < batch * args.seq_len:
+        # Less than one step: the hours would be a fraction of the step time printed beside them.
+        raise SpecError(
+            "--tokens-to-train",
+            f"{args.tokens_to_train:g} is less than one optimizer step: --micro-batch × --grad-accum × dp × "
+            f"--seq-len = {batch * args.seq_len:,} tokens (dp {values['dp']} from --gpus); allowed: at "
+            "least that many",
+        )
+    data = dict(
         seq_len=args.seq_len,
-        global_batch_sequences=args.micro_batch * args.grad_accum * values["dp"],
+        global_batch_sequences=batch,
         tokens_to_train=args.tokens_to_train,
         flash_attention=not args.no_flash_attention,
         fused_elementwise=args.fused_elementwise,
         selective_recompute=args.selective_recompute,
     )
+    try:
+        workload = validate_as(Workload, data)
+    except SpecError as err:
+        flag = {"global_batch_sequences": "--micro-batch"}.get(err.field, f"--{err.field.replace('_', '-')}")
+        raise SpecError(flag, err.message) from None
     problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
     if problem:
         field, message = problem

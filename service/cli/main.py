@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from service.spec.errors import SpecError
@@ -34,6 +35,7 @@ COMMANDS = {
     ),
     "submit": ("submit", "Submit a `python -m service ...` command to a Ray cluster's job API and wait."),
     "train": ("train", "The production run: the chosen plan at full scale on Ray Train, resumable, tracked."),
+    "preflight": ("preflight", "Measure the plan on its cluster for a few steps; GO / NO-GO before the run."),
     "profile": (
         "profile",
         "Time this device's kernels over a model's shapes; write a profile and catalog entry.",
@@ -42,6 +44,12 @@ COMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        # argparse reads `-1e9`, `-inf` or `-.5e3` as an unknown option, so `--tokens-to-train -1e9` was
+        # "expected one argument"; as values they reach the flag's type and validation, which name it.
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|nan)$", re.I)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse's own errors follow the same contract: one line, exit 2.
         self.exit(2, f"{self.prog}: error: {message}\n")

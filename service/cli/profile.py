@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from service.cli.args import finite_float
+from service.cli.args import finite_float, output_path
 
 DEFAULT_BUDGET_S = {"cpu": 60.0, "cuda": 180.0}
 
@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from service.profile import catalog, default_config, run_profile
     from service.profile.run import detect_device
     from service.spec.errors import SpecError
+
+    if args.out:
+        output_path("--out", args.out)  # before the measurements, which take minutes
 
     if args.budget_s is not None and not args.budget_s > 0:
         raise SpecError("--budget-s", f"must be positive seconds, got {args.budget_s:g}")

@@ -2,7 +2,9 @@
 
 Runs on the Ray cluster at `--address` / `RAY_ADDRESS`, else on a local Ray started on 127.0.0.1.
 dp = workers / (tp·pp). Prints measured next to predicted, or the whole result as JSON with `--json`.
-Exit status: 0 when the trial ran (`ok`), 1 for `oom`, `invalid` or `failed` (the reason is printed).
+Exit status: 0 when the trial ran (`ok`), 1 for `oom` or `failed` (the reason is printed), 2 for bad
+input, a layout the proxy cannot run included (`invalid`: one line on stderr naming the field; with
+--json the `invalid` result document is printed on stdout too).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 from pydantic import ValidationError
 
 from service.cli.args import positive_int
-from service.spec.errors import from_validation_error
+from service.spec.errors import SpecError, from_validation_error
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.plan import Plan
 
@@ -49,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace, experiment: ExperimentSpec) -> Plan | str:
-    """The plan the flags describe (the library's `plan_for_point`), or why they describe none."""
-    from service.train.proxy_scale import plan_for_point
+    """The plan the flags describe (the library's `plan_for_point`), or why they describe none: the
+    reason `run_proxy` would give (`proxy_plan_problem`), found before Ray starts."""
+    from service.train.proxy_scale import plan_for_point, proxy_plan_problem
 
     point = {
         "tp": args.tp,
@@ -63,10 +66,11 @@ def _plan(args: argparse.Namespace, experiment: ExperimentSpec) -> Plan | str:
         "recompute": args.recompute,
     }
     try:
-        return plan_for_point(experiment, point, precision=args.precision)
+        plan = plan_for_point(experiment, point, precision=args.precision)
     except ValidationError as err:
         problem = from_validation_error(err, model_cls=Plan)
         return f"{problem.field}: {problem.message}"
+    return proxy_plan_problem(experiment, plan) or plan
 
 
 def _print_table(result: dict) -> None:  # type: ignore[type-arg]
@@ -88,7 +92,18 @@ def _print_table(result: dict) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
+    from service.spec.proxy import MAX_PROXY_WORKERS
+
     experiment = load_experiment(args.experiment)
+    if args.workers is not None and args.workers > MAX_PROXY_WORKERS:
+        raise SpecError("--workers", f"{args.workers:,}; allowed: at most {MAX_PROXY_WORKERS:,}")
+    warmup = experiment.proxy.warmup_steps
+    if args.steps is not None and args.steps <= warmup:
+        raise SpecError(
+            "--steps", f"{args.steps} leaves no timed step after proxy.warmup_steps {warmup}; allowed: more"
+        )
+    if args.checkpoint_every is not None and args.checkpoint_every < 0:
+        raise SpecError("--checkpoint-every", f"must be 0 (never) or more, got {args.checkpoint_every}")
     workers = args.workers or experiment.proxy.num_workers
     if workers != experiment.proxy.num_workers:
         proxy = experiment.proxy.model_copy(update={"num_workers": workers})
@@ -99,10 +114,13 @@ def run(args: argparse.Namespace) -> int:
     from service.cli.stdio import library_output_to_stderr
     from service.train.run import ProxyResult, run_proxy
 
-    if isinstance(plan, str):
-        invalid = ProxyResult.invalid(plan)
-        print(json.dumps(invalid.model_dump(mode="json")) if args.json else f"status: invalid ({plan})")
-        return 1
+    if isinstance(plan, str):  # bad input like any other: exit 2, one line naming the field
+        if args.json:
+            print(json.dumps(ProxyResult.invalid(plan).model_dump(mode="json")))
+        field, _, message = plan.partition(": ")
+        if not message:  # proxy_plan_problem's worker count: dp·tp·pp = N but the proxy has M workers
+            field, message = "--workers", plan
+        raise SpecError(field, message)
 
     # Ray prints on stdout when a worker dies (e.g. with --inject-failure-at-step): keep stdout ours.
     with library_output_to_stderr():

@@ -56,8 +56,12 @@ def _from_mlflow(run_id: str) -> tuple[Path, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from service.cli.args import output_path
     from service.report import write_memo
     from service.report.result import RunResult
+
+    if args.out:
+        output_path("--out", args.out, folder=True)  # a file there, or no folder to put it in
 
     source = Path(args.source)
     download: Path | None = None

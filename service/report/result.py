@@ -38,6 +38,12 @@ class Interval(BaseModel):
     def interval(self) -> tuple[float, float]:
         return (self.low, self.high)
 
+    def __str__(self) -> str:  # pydantic's own __str__ lists every field
+        return repr(self)
+
+    def __repr__(self) -> str:
+        return f"Interval({self.value:,.4g} [{self.low:,.4g}, {self.high:,.4g}] {self.tag})"
+
     def public(self) -> dict[str, Any]:
         return {"value": self.value, "interval": [self.low, self.high], "tag": self.tag}
 
@@ -65,6 +71,16 @@ class PlanRow(BaseModel):
     hbm_bytes: float
     memory_breakdown: dict[str, float]
     mfu: float
+
+    def __str__(self) -> str:  # pydantic's own __str__ lists every field
+        return repr(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"PlanRow({self.status} {self.label}: {self.tokens_per_s.value:,.0f} tokens/s, "
+            f"{self.hours.value:,.2f} h, ${self.dollars.value:,.0f}, "
+            f"{self.memory_per_gpu_bytes.value / 2**30:.1f} GiB/GPU)"
+        )
 
 
 class ProxyTrial(BaseModel):
@@ -235,6 +251,38 @@ class RunResult(BaseModel):
     @property
     def selected(self) -> PlanRow | None:
         return next((r for r in self.rows if r.status == "selected"), None)
+
+    def _value(self, key: str) -> float | None:
+        entry = self.predicted.get(key)
+        return None if not entry else float(entry["value"])
+
+    @property
+    def dollars(self) -> float | None:
+        """The selected plan's expected dollars (goodput included), or None when none was selected."""
+        return self._value("dollars")
+
+    @property
+    def hours(self) -> float | None:
+        return self._value("hours")
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self._value("tokens_per_s")
+
+    @property
+    def memory_per_gpu_bytes(self) -> float | None:
+        return self._value("memory_per_gpu_bytes")
+
+    def __str__(self) -> str:  # pydantic's own __str__ lists every field
+        return repr(self)
+
+    def __repr__(self) -> str:
+        if self.selected_label is None:
+            return f"RunResult({self.experiment}: no plan selected; {self.binding_constraint})"
+        return (
+            f"RunResult({self.experiment}: {self.selected_label}, {self.tokens_per_s or 0:,.0f} tokens/s, "
+            f"{self.hours or 0:,.2f} h, ${self.dollars or 0:,.0f}; memo {self.memo_paths.get('html', '-')})"
+        )
 
     @property
     def memory_fallback(self) -> PlanRow | None:

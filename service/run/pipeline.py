@@ -43,7 +43,13 @@ DEFAULT_MAX_PROXIES = 4
 
 
 def default_out_dir(experiment: ExperimentSpec) -> Path:
-    return repo_root() / "ray_results" / "run" / experiment.name
+    """ray_results/run/<name> under the repository; a name that would leave that folder is refused
+    (the spec refuses such names already; `model_construct` skips the spec's check)."""
+    root = (repo_root() / "ray_results" / "run").resolve()
+    out = (root / experiment.name).resolve()
+    if out.parent != root:
+        raise SpecError("name", f"{experiment.name!r} is not a plain folder name; it would leave {root}")
+    return out
 
 
 def detect_device() -> tuple[str, str, int]:
@@ -127,9 +133,16 @@ class Run:
 
     # -- the pipeline ------------------------------------------------------------------------------
     def fit(self) -> RunResult:
+        """Runs the pipeline. One run per output folder at a time: while another process runs in
+        `out_dir`, this raises `FolderLocked` (a `SpecError`) naming the folder and that process."""
+        from service.search.lock import folder_lock
+
+        with folder_lock(self.out_dir, "run"):  # creates the folder
+            return self._fit()
+
+    def _fit(self) -> RunResult:
         started = time.time()
         spec, prior = self.spec, self.params
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         quantized = spec.quantized_collectives
         prior_scored = score(
             spec.model,
@@ -186,7 +199,7 @@ class Run:
             extrap.widening,
             calibrated,
             {c.plan.short() for c in choices},
-            time_tag=time_provenance(on_gpu, prior),
+            time_tag=time_provenance(on_gpu and calibrated, prior),  # no fit, no "calibrated"
         )
         selected = rows[0] if rows and rows[0].status == "selected" else None
         result = RunResult(

@@ -39,9 +39,20 @@ def collect_trials(grid: Any, pr: PruneResult, steps: int, path: Path) -> list[T
                 measured=observed.measured,
                 predicted=observed.predicted or by_key[key].predicted,
                 device_fallback=fallback_of(last),
+                path=str(res.path),
+                checkpoint_path=last_checkpoint(path, Path(res.path).name),
             )
         )
     return sorted(trials, key=launch_rank(path))
+
+
+def last_checkpoint(path: Path, trial_id: str) -> str | None:
+    """The newest checkpoint folder of the trial's Train run under the search's `proxy_runs`, if any."""
+    from service.search.trial import train_run_name
+
+    run_dir = path / "proxy_runs" / train_run_name(trial_id)
+    found = sorted(run_dir.glob("checkpoint_*"), key=lambda p: p.stat().st_mtime) if run_dir.is_dir() else []
+    return str(found[-1]) if found else None
 
 
 def launch_rank(path: Path) -> Callable[[TrialRecord], int]:

@@ -185,12 +185,21 @@ class Search:
 
     # -- running -----------------------------------------------------------------------------------
     def fit(self) -> SearchResult:
-        """Runs (or continues) the search; returns every trial, the pruned plans and the best plan."""
+        """Runs (or continues) the search; returns every trial, the pruned plans and the best plan.
+
+        One driver per search folder: while another process runs this search (or another one in the
+        same folder), this raises `FolderLocked` (a `SpecError`) naming the folder and that process.
+        """
+        from service.search.lock import folder_lock
+
+        with folder_lock(self.path, "search"):
+            return self._fit()
+
+    def _fit(self) -> SearchResult:
         from service.search import recording
 
         pr = self.pruning()
         if not self._restored:
-            self.path.mkdir(parents=True, exist_ok=True)
             (self.path / STATE_FILE).write_text(json.dumps(self._state(), indent=1))
         recording.start_search(self.target, self.name, self._run_info(pr), self._documents())
         if not self._restored:
@@ -202,7 +211,12 @@ class Search:
             # A trial Tune stops (ASHA, a hang, an error) and whose actor does not exit gracefully is
             # killed after TUNE_FORCE_TRIAL_CLEANUP_S: Tune's 600 s would hold its workers' resources
             # and keep the next trial pending that long.
+            # Silent on stdout, as a library call should be: with the new output engine even
+            # `verbose=0` prints Tune's configuration box and a TensorBoard hint (its reporter's
+            # `experiment_started` ignores the verbosity, Ray 2.60); the legacy engine at verbosity 0
+            # prints nothing. The progress bar, when asked for, is ours (on stderr).
             with _env(
+                RAY_AIR_NEW_OUTPUT="0",
                 TUNE_DISABLE_STRICT_METRIC_CHECKING="1",
                 TUNE_GLOBAL_CHECKPOINT_S="2",
                 TUNE_FORCE_TRIAL_CLEANUP_S=str(FORCE_TRIAL_CLEANUP_S),

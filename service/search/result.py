@@ -1,7 +1,9 @@
 """`SearchResult`: what a search returns, shaped like Ray Tune's `ResultGrid`.
 
 `best` (the best plan that ran all its steps), every trial as a `TrialRecord` (`get_dataframe()` gives
-the table), the pruned plans with their reasons, and the MLflow parent run id.
+the table), the pruned plans with their reasons, and the MLflow parent run id. As in Tune, a trial has
+`metrics`, `config`, `path`, `checkpoint` and `error`, and the grid has `errors`, `num_errors` and
+`experiment_path`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from service.search.prune import PrunedPlan
+from service.spec.errors import SpecError
 from service.spec.plan import Plan
 from service.spec.record import MEASURED, PREDICTED, Metrics
 
@@ -22,6 +25,18 @@ FEASIBLE = ("ok", "stopped_early")
 INFEASIBLE = ("oom", "failed", "invalid", "hang")
 # Never ran: the cluster did not place the trial's workers in time. Says nothing about the plan.
 UNSCHEDULABLE = "unschedulable"
+# A worker process died without an error of its own (a signal, a crash, a node lost): the trial failed,
+# but says nothing about whether the plan fits (service.train.run.classify_failure).
+KILLED = "killed"
+ERRORS = (*INFEASIBLE, KILLED)  # trials that ran and failed: `num_errors`, `errors`
+
+
+class TrialError(RuntimeError):
+    """A trial's `error` (as Tune's `Result.error`): how it ended (`status`) and why (`reason`)."""
+
+    def __init__(self, trial_id: str, status: str, reason: str):
+        self.trial_id, self.status, self.reason = trial_id, status, reason
+        super().__init__(f"trial {trial_id}: {status}" + (f": {reason}" if reason else ""))
 
 
 class TrialRecord(BaseModel):
@@ -32,7 +47,7 @@ class TrialRecord(BaseModel):
     trial_id: str
     key: str
     plan: Plan
-    status: str  # ok | stopped_early | oom | failed | invalid | hang | unschedulable
+    status: str  # ok | stopped_early | oom | killed | failed | invalid | hang | unschedulable
     reason: str = ""
     steps: int = 0
     measured: Metrics = Metrics()  # the last step's report
@@ -42,9 +57,51 @@ class TrialRecord(BaseModel):
     # measurements are then CPU numbers, whatever the plan says.
     device_fallback: str = ""
     mlflow_run_id: str | None = None
+    path: str = ""  # the trial's folder (Tune's trial directory), "" when not known
+    checkpoint_path: str | None = None  # the trial's last Train checkpoint folder, if it saved one
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.model_dump(exclude={"plan"}), "plan": self.plan.model_dump()}
+
+    # -- shaped like Ray Tune's `Result` ------------------------------------------------------------
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The last report, as Tune's `Result.metrics`: the measured quantities, the last step, and
+        how the trial ended (`trial_status`, `trial_reason`)."""
+        return {**self.measured.as_dict(), "step": self.steps, "trial_status": self.status,
+                "trial_reason": self.reason}  # fmt: skip
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """What the trial ran, as Tune's `Result.config`: `{"plan": key}` (Tune's own) and the plan's
+        fields."""
+        return {"plan": self.key, **self.plan.model_dump()}
+
+    @property
+    def checkpoint(self) -> Any:
+        """The last Train checkpoint (a `ray.train.Checkpoint`), as Tune's `Result.checkpoint`; None
+        when the trial saved none (search trials save none unless asked)."""
+        if not self.checkpoint_path:
+            return None
+        from ray.train import Checkpoint
+
+        return Checkpoint.from_directory(self.checkpoint_path)
+
+    @property
+    def error(self) -> TrialError | None:
+        """Why the trial did not run every step (a `TrialError`), as Tune's `Result.error`; None for a
+        trial that ran every step or that the search stopped early."""
+        if self.status in FEASIBLE:
+            return None
+        return TrialError(self.trial_id, self.status, self.reason)
+
+    def __repr__(self) -> str:
+        value = next(iter(self.measured.as_dict().items()), None)
+        shown = f", {value[0]}={value[1]:.4g}" if value else ""
+        reason = f", reason={self.reason[:60]!r}" if self.status not in FEASIBLE and self.reason else ""
+        return f"TrialRecord({self.trial_id!r}, {self.key!r}, {self.status}{shown}{reason})"
+
+    __str__ = __repr__
 
 
 def trial_outcome(
@@ -136,7 +193,7 @@ class SearchResult:
             metric: a measured key (default: the search's metric), e.g. `peak_memory_bytes_per_rank`.
             mode: "max" or "min" (default: the search's mode for its own metric, else "max").
         """
-        metric = metric or self.metric
+        metric = self._known_metric(metric or self.metric)
         if mode is None:
             mode = self.mode if metric == self.metric else "max"
         if mode not in ("max", "min"):
@@ -145,6 +202,26 @@ class SearchResult:
         sign = -1.0 if mode == "max" else 1.0
         return sorted(done, key=lambda t: sign * t.measured[metric])
 
+    def metric_names(self) -> list[str]:
+        """The metrics a trial can be ranked by: every quantity a worker reports, and any other one a
+        trial of this search measured."""
+        names = [n for n in Metrics.model_fields if n != "fits"]  # `fits` is the model's, not measured
+        for t in self.trials:
+            names += [k for k in t.measured.as_dict() if k not in names]
+        return names
+
+    def _known_metric(self, metric: str) -> str:
+        """`metric` as a measured quantity (a report's `measured_x` is `x`); a `SpecError` (a
+        ValueError) naming it and the allowed ones when no trial can have measured it, as Ray Tune
+        raises for a metric its results do not have."""
+        allowed = self.metric_names()
+        if metric in allowed:
+            return metric
+        plain = metric.removeprefix(MEASURED)
+        if plain in allowed:
+            return plain
+        raise SpecError("metric", f"unknown metric {metric!r}; allowed: {', '.join(allowed)}")
+
     @property
     def ranking(self) -> list[TrialRecord]:
         """`rank()` by the search's own metric and mode: the plans that ran, best first."""
@@ -152,7 +229,8 @@ class SearchResult:
 
     def get_best_result(self, metric: str | None = None, mode: str | None = None) -> TrialRecord | None:
         """The best `ok` trial by `metric` and `mode` (default: the search's), as Ray Tune's
-        `ResultGrid.get_best_result`; None when no trial ran every step."""
+        `ResultGrid.get_best_result`; None when no trial ran every step and measured it. A metric no
+        trial can measure raises a `SpecError` (a ValueError) that names the allowed ones."""
         ranked = self.rank(metric, mode)
         return ranked[0] if ranked else None
 
@@ -167,8 +245,34 @@ class SearchResult:
 
     @property
     def num_errors(self) -> int:
-        """Trials that ran and failed (oom, failed, invalid, hang)."""
-        return sum(t.status in INFEASIBLE for t in self.trials)
+        """Trials that ran and failed (oom, killed, failed, invalid, hang)."""
+        return sum(t.status in ERRORS for t in self.trials)
+
+    @property
+    def errors(self) -> list[TrialError]:
+        """The errors of the trials that ran and failed, in launch order (as Tune's
+        `ResultGrid.errors`; `num_errors` counts them). Unschedulable trials never ran: see
+        `num_unschedulable`, or each trial's `error`."""
+        return [TrialError(t.trial_id, t.status, t.reason) for t in self.trials if t.status in ERRORS]
+
+    @property
+    def experiment_path(self) -> str:
+        """The search's folder, as Tune's `ResultGrid.experiment_path` (the same as `path`)."""
+        return self.path
+
+    def __repr__(self) -> str:
+        counts: dict[str, int] = {}
+        for t in self.trials:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        statuses = ", ".join(f"{n} {s}" for s, n in counts.items())
+        best = self.best
+        shown = "none" if best is None else f"{best.key} ({self.metric}={best.measured[self.metric]:.4g})"
+        return (
+            f"SearchResult({len(self.trials)} trials{f' ({statuses})' if statuses else ''}, "
+            f"{len(self.pruned)} pruned, best={shown})"
+        )
+
+    __str__ = __repr__
 
     @property
     def num_unschedulable(self) -> int:

@@ -87,7 +87,13 @@ class PlanSearcher(Searcher):
         key = self._launched.get(trial_id)
         if key is None:
             return
-        ok = not error and (result or {}).get("trial_status", "ok") in ("ok", "stopped_early")
+        status = (result or {}).get("trial_status", "ok")
+        if not error and status == "killed":  # a worker died: no verdict on the plan, not a penalty
+            inner_id = self._inner_ids.get(trial_id)
+            if self._inner is not None and inner_id is not None:
+                self._inner.on_trial_complete(inner_id, None, error=True)  # TPE leaves it out
+            return
+        ok = not error and status in ("ok", "stopped_early")
         value = self._last_value.get(trial_id) if ok else None
         self._values[key] = value if value is not None else self._penalty()
         if self._inner is None:

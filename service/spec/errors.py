@@ -19,11 +19,17 @@ class SpecError(ValueError):
     """Bad user input: `field` is a dotted path, `source` the file (or flag) it came from."""
 
     def __init__(self, field: str, message: str, source: str | None = None):
-        self.field = field
-        self.message = message
-        self.source = source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}: {message}")
+        # One line whatever the input held: a newline in a name or a library's message would split it.
+        self.field = one_line(field)
+        self.message = one_line(message)
+        self.source = one_line(source) if source else None
+        where = f"{self.source}: " if self.source else ""
+        super().__init__(f"{where}{self.field}: {self.message}")
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and other control characters shown as spaces (runs collapsed)."""
+    return " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
 
 
 def _allowed_keys(model_cls: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,24 @@ from service.spec.production import GoodputSpec, GPUAlternative, OptimizerSpec
 from service.spec.proxy import ProxySpec
 from service.spec.tracking import TrackingSpec
 from service.spec.workload import Budget, Workload
+
+MAX_NAME_LENGTH = 128
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be a folder name inside a storage root (None when it can): empty, `.` or
+    `..`, a path separator, a control character, or longer than `MAX_NAME_LENGTH`."""
+    if not name.strip():
+        return "must not be empty; allowed: a plain folder name such as llama2-13b-32xh100"
+    if name in (".", "..") or name.startswith("."):
+        return f"{name!r} must not start with '.' (no '..'); allowed: a plain folder name"
+    if "/" in name or "\\" in name:
+        return f"{name!r} holds a path separator; allowed: a plain folder name, no '/' or backslash"
+    if not name.isprintable() or name != name.strip():
+        return f"{name!r} holds a control character or edge whitespace; allowed: a plain folder name"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"{len(name)} characters; allowed: at most {MAX_NAME_LENGTH} (a folder name)"
+    return None
 
 
 class ExperimentSpec(BaseModel):
@@ -65,12 +84,32 @@ class ExperimentSpec(BaseModel):
         "and their quantization kernels are not priced.",
     )
 
+    @field_validator("name")
+    @classmethod
+    def _folder_safe_name(cls, value: str) -> str:
+        # The name becomes a folder (ray_results/run/<name>) and an MLflow experiment: it must stay one
+        # folder inside the storage root.
+        problem = name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("engines")
     @classmethod
     def _distinct_engines(cls, value: list[Engine]) -> list[Engine]:
         if len(set(value)) != len(value):
             raise ValueError(f"engines listed twice: {value}")
         return value
+
+    @model_validator(mode="after")
+    def _proxy_is_smaller(self) -> ExperimentSpec:
+        if self.proxy.num_layers > self.model.num_layers:
+            raise SpecError(
+                "proxy.num_layers",
+                f"{self.proxy.num_layers} is more than the model's {self.model.num_layers} layers; allowed: "
+                f"1 to {self.model.num_layers} (a proxy is the model scaled down)",
+            )
+        return self
 
     @model_validator(mode="after")
     def _worker_runs_its_recompute(self) -> ExperimentSpec:
@@ -95,19 +134,45 @@ class ExperimentSpec(BaseModel):
         return value
 
 
-def read_yaml(path: str | Path) -> Any:
-    """Reads a YAML file; a missing or malformed file is a `SpecError` naming it."""
+def read_text(path: str | Path, field: str = "path", kind: str = "file") -> str:
+    """A user's text file as a string: a missing file, a folder, an unreadable file or one that is not
+    UTF-8 text (binary, UTF-16, Latin-1) is a one-line `SpecError` naming it; so is a `path` that is no
+    path at all (None, a number, a dict), which `Path` would raise `TypeError` for."""
+    if not isinstance(path, str | os.PathLike):
+        raise SpecError(field, f"expected a file path, got {type(path).__name__}")
     p = Path(path)
     if p.is_dir():
-        raise SpecError("path", "a directory, not a YAML file", str(path))
+        raise SpecError(field, f"a directory, not a {kind}", str(path))
     if not p.is_file():
-        raise SpecError("path", "no such file", str(path))
+        raise SpecError(field, "no such file", str(path))
     try:
-        return yaml.safe_load(p.read_text())
+        data = p.read_bytes()
+    except OSError as err:
+        raise SpecError(field, f"cannot be read: {err.strerror or err}", str(path)) from None
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
+        raise SpecError(field, "not UTF-8 text (binary or UTF-16); save it as UTF-8", str(path))
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise SpecError(
+            field,
+            f"not UTF-8 text (byte {err.start}: {data[err.start : err.start + 1]!r}); save it as UTF-8",
+            str(path),
+        ) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Reads a YAML file; a missing, unreadable, non-UTF-8 or malformed file is a `SpecError` naming it."""
+    text = read_text(path, kind="YAML file")
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"
-        raise SpecError(where, f"not valid YAML: {getattr(err, 'problem', err)}", str(path)) from None
+        problem = getattr(err, "problem", None) or getattr(err, "reason", None) or err
+        raise SpecError(where, f"not valid YAML: {problem}", str(path)) from None
+    except RecursionError:  # deeply nested flow collections ([[[[...): PyYAML recurses per level
+        raise SpecError("(file)", "not valid YAML: nested too deeply", str(path)) from None
 
 
 def load_experiment(path: str | Path) -> ExperimentSpec:

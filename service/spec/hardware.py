@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from service.spec.errors import SpecError
+
 
 class GPUSpec(BaseModel):
     """One accelerator type, from public datasheets. Bandwidths are per GPU and per direction.
@@ -68,6 +70,11 @@ class GPUSpec(BaseModel):
         return peaks["bf16" if precision == "fp8" else precision]
 
 
+# The largest cluster a plan may describe: past every machine built (2024's largest runs used ~100k
+# GPUs), and small enough that the plan enumeration and the cost model stay meaningful.
+MAX_GPUS = 2**20
+
+
 class ClusterSpec(BaseModel):
     """`num_nodes` × `gpus_per_node` GPUs of one type; `gpu` is a catalog name or an inline `GPUSpec`.
 
@@ -79,14 +86,15 @@ class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gpu: GPUSpec = Field(description="GPU catalog name (see `python -m service catalog`) or inline spec.")
-    num_nodes: int = Field(1, gt=0, description="Nodes.")
-    gpus_per_node: int = Field(8, gt=0, description="GPUs per node.")
+    num_nodes: int = Field(1, gt=0, le=MAX_GPUS, description="Nodes.")
+    gpus_per_node: int = Field(8, gt=0, le=MAX_GPUS, description="GPUs per node.")
     price_per_gpu_hour_usd: float | None = Field(
-        None, ge=0, description="Overrides the catalog's price per GPU-hour (USD)."
+        None, ge=0, allow_inf_nan=False, description="Overrides the catalog's price per GPU-hour (USD)."
     )
     inter_node_bandwidth_gb_per_s: float | None = Field(
         None,
         gt=0,
+        allow_inf_nan=False,
         description="Overrides the catalog's network line rate per GPU between nodes (GB/s): the catalog "
         "assumes one 400 Gb/s NIC per H100 (50); a node with 800 Gb/s for its 8 GPUs is 12.5. Applied when "
         "the spec is validated (construct or model_validate it; model_copy(update=...) skips that).",
@@ -94,6 +102,12 @@ class ClusterSpec(BaseModel):
 
     @model_validator(mode="after")
     def _network(self) -> ClusterSpec:
+        if self.num_gpus > MAX_GPUS:
+            raise SpecError(
+                "num_nodes",
+                f"{self.num_nodes} × {self.gpus_per_node} = {self.num_gpus:,} GPUs; allowed: at most "
+                f"{MAX_GPUS:,} in all",
+            )
         # Clouds often give a node a fraction of DGX's one NIC per GPU (fms-fsdp's H100s: 800 Gb/s per
         # node); every cost-model term reads the GPU spec, so the override lands there.
         bw = self.inter_node_bandwidth_gb_per_s
@@ -126,6 +140,8 @@ class ClusterSpec(BaseModel):
         """For CLIs that take a GPU count: checks that it divides into whole nodes."""
         if num_gpus <= 0:
             raise ValueError(f"gpus must be positive, got {num_gpus}")
+        if num_gpus > MAX_GPUS:
+            raise ValueError(f"{num_gpus:,} GPUs; allowed: at most {MAX_GPUS:,}")
         if num_gpus < gpus_per_node:
             return cls(gpu=gpu, num_nodes=1, gpus_per_node=num_gpus)  # type: ignore[arg-type]
         if num_gpus % gpus_per_node:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from service.spec.errors import SpecError, validate_as
-from service.spec.model import ModelSpec
+from service.spec.model import MAX_LAYERS, ModelSpec  # MAX_LAYERS: a huge count would hang transformers
 
 # MLPs with a gate: three matrices (SwiGLU; Gemma's GeGLU has the same three shapes and FLOPs).
 GATED_MLP = frozenset(
@@ -31,7 +31,6 @@ PLAIN_MLP = frozenset(
 # the others say it in a config field (`_linear_biases`). GPT-Neo and GPT-J leave some out: not biased.
 BIASED = frozenset({"gpt2", "gpt_neox", "bloom", "gpt_bigcode"})
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-MAX_LAYERS = 10_000  # transformers builds per-layer lists in some configs: a huge count would hang there
 
 
 def is_hf_config(path: str | Path) -> bool:
@@ -44,11 +43,13 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     """Reads a Hugging Face config (file or folder) into a `ModelSpec` named after its folder."""
     p = Path(path)
     file = p / "config.json" if p.is_dir() else p
+    from service.spec.experiment import read_text
+
     if not file.is_file():
         raise SpecError("model", "no such file", str(path))
     try:
-        data = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(read_text(file, "model", "JSON file"))
+    except (json.JSONDecodeError, RecursionError) as err:
         raise SpecError("model", f"not a JSON file ({err})", str(file)) from None
     if not isinstance(data, dict):
         raise SpecError("model", "a config.json holds one JSON object", str(file))

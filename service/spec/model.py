@@ -6,6 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# More blocks than any model built; transformers builds per-layer lists from the count (hf_config.py).
+MAX_LAYERS = 10_000
+
 
 class ModelSpec(BaseModel):
     """A Llama/GPT-style decoder-only transformer.
@@ -25,7 +28,7 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field("custom", description="Catalog name, for reports.")
-    num_layers: int = Field(gt=0, description="Transformer blocks.")
+    num_layers: int = Field(gt=0, le=MAX_LAYERS, description="Transformer blocks.")
     hidden_size: int = Field(gt=0, description="Model width h (elements).")
     num_attention_heads: int = Field(gt=0, description="Query heads a.")
     num_key_value_heads: int | None = Field(

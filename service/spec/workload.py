@@ -6,7 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.spec.errors import SpecError
+
 # What a plan's selective recompute checkpoints (Workload.selective_recompute; costmodel/recompute.py).
+# Bounds on sizes a typo can reach (`seq_len: 1e12`): well past any real run, small enough that the cost
+# model's arithmetic stays finite.
+MAX_SEQ_LEN = 2**24
+
 SelectiveRecompute = Literal["attention_block", "every_other_block", "every_other_matmul"]
 
 
@@ -19,10 +25,12 @@ class Workload(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    seq_len: int = Field(gt=0, description="Tokens per sequence.")
+    seq_len: int = Field(gt=0, le=MAX_SEQ_LEN, description="Tokens per sequence.")
     global_batch_sequences: int | None = Field(None, gt=0, description="Sequences per optimizer step.")
     global_batch_tokens: int | None = Field(None, gt=0, description="Tokens per optimizer step.")
-    tokens_to_train: float = Field(gt=0, description="Tokens the whole run processes (all epochs).")
+    tokens_to_train: float = Field(
+        gt=0, allow_inf_nan=False, description="Tokens the whole run processes (all epochs)."
+    )
     flash_attention: bool = Field(
         True,
         description="Fused attention that keeps no s×s scores (FlashAttention / SDPA); false = materialised "
@@ -73,6 +81,14 @@ class Workload(BaseModel):
         else:
             assert seqs is not None
             object.__setattr__(self, "global_batch_tokens", seqs * self.seq_len)
+        if self.tokens_to_train < self.batch_tokens:
+            # Less than one optimizer step: hours and dollars would be a fraction of one step's time.
+            raise SpecError(
+                "tokens_to_train",
+                f"{self.tokens_to_train:g} is less than one optimizer step "
+                f"(global_batch_sequences × seq_len = {self.batch_tokens:,} tokens); "
+                f"allowed: at least {self.batch_tokens:,}",
+            )
         return self
 
     @property
@@ -94,8 +110,12 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_dollars: float | None = Field(None, gt=0, description="Most the run may cost (USD); none = no limit.")
-    max_hours: float | None = Field(None, gt=0, description="Longest the run may take (wall-clock hours).")
+    max_dollars: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Most the run may cost (USD); none = no limit."
+    )
+    max_hours: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Longest the run may take (wall-clock hours)."
+    )
     objective: Literal["throughput", "cost"] = Field(
         "throughput", description="Rank plans by tokens/s (throughput) or by dollars (cost)."
     )

@@ -1,5 +1,6 @@
 """`run_proxy`: one proxy trial end to end (check, predict, train on Ray, collect), never raising for a
-failed trial; `classify_failure` turns whatever a trial died of into ok/oom/invalid/failed and one line."""
+failed trial; `classify_failure` turns whatever a trial died of into ok/oom/killed/invalid/failed and one
+line."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from service.train.worker import LOG_FILE
 
 __all__ = ["ProxyResult", "classify_failure", "ensure_ray", "read_log", "run_proxy"]
 
-Status = Literal["ok", "oom", "invalid", "failed"]
+Status = Literal["ok", "oom", "killed", "invalid", "failed"]
 SUMMARY_KEYS = (
     "tokens_per_s",
     "step_time_s",
@@ -31,11 +32,29 @@ SUMMARY_KEYS = (
     "peak_memory_bytes_per_rank",
 )
 
+# Memory ran out, in the words of whoever ran out of it: torch's allocators (CUDA, CPU under the worker's
+# RLIMIT_AS cap: "DefaultCPUAllocator: can't allocate memory" / "not enough memory"), Python's
+# MemoryError, C++'s bad_alloc, the kernel's ENOMEM, or Ray's memory monitor naming its own kill.
+# Not "OOM" on its own: Ray's hint for any dead worker says "(1) the process was killed by the OOM
+# killer ...", true of every SIGKILL it cannot explain (see `classify_failure`).
 _OOM = re.compile(
-    r"out of memory|OutOfMemoryError|can't allocate memory|Cannot allocate memory|MemoryError|bad_alloc|"
-    r"\bOOM\b|memory limit",
+    r"OutOfMemoryError|\bMemoryError\b|(CUDA|HIP)( error)?:? out of memory|"
+    r"DefaultCPUAllocator: (can't allocate memory|not enough memory)|can't allocate memory|"
+    r"Cannot allocate memory|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED|"
+    r"killed due to (the node running low on memory|memory pressure)",
     re.IGNORECASE,
 )
+# A worker process that died without raising: killed by a signal, crashed, or its actor gone.
+_KILLED = re.compile(
+    r"worker process has died|The actor died unexpectedly|actor is dead|WorkerCrashedError|"
+    r"ActorDiedError|Worker exit type|died unexpectedly|killed by signal|\bSIG(KILL|TERM|INT|HUP)\b|"
+    r"exit(ed)? (with )?(code|status) -?(9|15|137|139)\b|health check failed",
+    re.IGNORECASE,
+)
+# A worker that crashed on its own (a bug, possibly the plan's): `failed`, not `killed`.
+_CRASHED = re.compile(r"\bSIG(SEGV|BUS|ABRT|ILL|FPE)\b|Segmentation fault|core dumped|Fatal Python error")
+# Ray's guesses at why any worker died, which name the OOM killer and SIGSEGV whatever happened.
+_RAY_HINT = re.compile(r"Some common causes include:[^\n]*")
 _RAISED = re.compile(
     r"^[\w.]*(Error|Exception|Exit|Interrupt)\b(: |$)"
 )  # "RuntimeError: ...", not "Error Snippet"
@@ -82,11 +101,25 @@ def _one_line(text: str, pattern: re.Pattern[str] | None = None) -> str:
 
 
 def classify_failure(error: BaseException | str) -> tuple[str, str]:
-    """("oom" | "failed" | "invalid", one-line reason) for what a trial raised.
+    """("oom" | "killed" | "failed" | "invalid", one-line reason) for what a trial raised.
 
     Ray wraps a worker's exception in its own (the worker traceback is in the message), so the text,
-    causes included, is searched: memory errors are `oom`; DeepSpeed refusing a configuration is
-    `invalid`; everything else (a collective timing out, a crash) is `failed`.
+    causes included, is searched, for the worker's own evidence only: `oom` needs an allocator's error
+    (torch's `OutOfMemoryError` / "CUDA out of memory", "DefaultCPUAllocator: can't allocate memory"
+    under the worker's memory cap, `MemoryError`) or Ray's memory monitor naming its kill; a worker
+    process that died without one is `killed` (Ray's generic hint for a dead worker, "(1) the process
+    was killed by the OOM killer ...", is no evidence of memory: it comes with every SIGKILL), unless it
+    crashed by itself (SIGSEGV, SIGABRT: `failed`). DeepSpeed refusing a configuration is `invalid`;
+    everything else (a collective timing out, an exception) is `failed`.
+
+    Example:
+        >>> classify_failure("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to "
+        ...                  "allocate 8388608 bytes")[0]
+        'oom'
+        >>> classify_failure("The actor is dead because its worker process has died. Worker exit type: "
+        ...                  "SYSTEM_ERROR Some common causes include: (1) the process was killed by the "
+        ...                  "OOM killer due to high memory usage")[0]
+        'killed'
     """
     parts = [str(error)]
     if isinstance(error, BaseException):
@@ -98,11 +131,40 @@ def classify_failure(error: BaseException | str) -> tuple[str, str]:
     text = "\n".join(parts)
     if _OOM.search(text):
         return "oom", _one_line(text, _OOM)
+    evidence = _RAY_HINT.sub("", text)
+    if _CRASHED.search(evidence):
+        return "failed", "crashed: " + _one_line(evidence, _CRASHED)
+    if _KILLED.search(evidence):  # before timeouts: the ranks left waiting on a dead one time out too
+        return "killed", _death_line(text)
     if _TIMEOUT.search(text):
         return "failed", "collective timed out: " + _one_line(text, _TIMEOUT)
     if _INVALID.search(text):
         return "invalid", _one_line(text, _INVALID)
     return "failed", _one_line(text, _RAISED)
+
+
+def _death_line(text: str) -> str:
+    """One line on a worker that died without raising: which (rank, pid), and Ray's exit type and
+    detail, without Ray's list of possible causes."""
+    rank = re.search(r"world_rank=(\d+)|\[Rank (\d+) Error", text)
+    pid = re.search(r"\bpid[=:]\s*(\d+)", text)
+    who = "a worker"
+    if rank:
+        who = f"worker rank {rank.group(1) or rank.group(2)}"
+    if pid:
+        who += f" (pid {pid.group(1)})"
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    detail = re.search(r"Worker exit detail: (.*?)(?:\s*Some common causes include|$)", text, re.M)
+    said = "; ".join(
+        part
+        for part in (
+            f"exit type {exit_type.group(1)}" if exit_type else "",
+            detail.group(1).strip() if detail else "",
+        )
+        if part
+    )
+    said = said or _one_line(text, _KILLED)
+    return f"killed: {who} died without an error of its own (no memory error reported): {said}"[:400]
 
 
 def read_log(run_dir: str | Path) -> tuple[list[dict[str, Any]], int]:

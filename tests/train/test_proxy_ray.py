@@ -166,6 +166,49 @@ def test_plan_over_the_memory_cap_is_reported_as_oom(ray_session, experiment, tm
     assert result.reason
 
 
+def test_a_worker_killed_mid_run_is_reported_as_killed_not_oom(ray_session, experiment, tmp_path):
+    """SIGKILL to one worker while its rank stalls at step 2: Ray's message for the dead worker names
+    "the OOM killer" among its guesses, which is no evidence of memory (issue #35)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    log = tmp_path / "killed" / "proxy_log.jsonl"
+    killed: list[int] = []
+
+    def kill_a_worker() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not killed:
+            time.sleep(0.5)
+            if not log.is_file() or '"step"' not in log.read_text():
+                continue  # not training yet: wait for step 1's record
+            for proc in psutil.Process(os.getpid()).children(recursive=True):  # this session's Ray only
+                try:
+                    if "RayTrainWorker" in " ".join(proc.cmdline()):
+                        os.kill(proc.pid, signal.SIGKILL)
+                        killed.append(proc.pid)
+                        return
+                except (psutil.Error, ProcessLookupError):
+                    continue
+
+    killer = threading.Thread(target=kill_a_worker, daemon=True)
+    killer.start()
+    result = run_proxy(
+        experiment,
+        PLANS["z1"],
+        steps=STEPS,
+        storage_path=str(tmp_path),
+        run_name="killed",
+        stall={"rank": 1, "step": 2, "seconds": 60},
+    )
+    killer.join(5)
+    assert killed, "no worker was found to kill"
+    assert result.status == "killed", result.reason
+    assert "OOM" not in result.reason and result.wall_s < 60 + 60
+
+
 def test_invalid_plans_are_reported_not_run(experiment):
     four = experiment.model_copy(update={"proxy": experiment.proxy.model_copy(update={"num_workers": 4})})
     tp4 = run_proxy(four, Plan(dp=1, tp=4, zero_stage=1, precision="fp32"))

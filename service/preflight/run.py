@@ -1,0 +1,384 @@
+"""`Preflight`: the first hour on the cluster, before the money is spent.
+
+1. Thresholds are fixed first (service/preflight/verdict.py) from the plan's own estimate, the cost
+   model's bus bandwidths and the goodput model's storage bandwidth (or given).
+2. `ProductionRun` runs the chosen plan for a few steps at full scale, exactly as `service train` would
+   (its worker, its step log, its final checkpoint on the cluster's storage): tokens/s, step time and
+   the busiest rank's peak memory are read from rank 0's step log.
+3. A second Ray Train job on the same workers (service/preflight/probe.py) times the collectives the
+   plan uses, inside a node and across nodes, and a checkpoint load (the production run's) and save.
+4. The verdict: `GO`, or `NO-GO: <reasons>`; what was measured is written as a measured run
+   (`preflight_run.yaml`, the runs format `calibrate` reads) and as `preflight.json` in the output
+   folder.
+
+Example:
+    >>> result = Preflight("experiments/tiny-cpu.yaml", steps=5).fit()  # doctest: +SKIP
+    >>> result.verdict, result.runs_file                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from service.preflight import collectives as coll
+from service.preflight.probe import PROBE_FILE, probe_loop_per_worker
+from service.preflight.record import runs_document, write_runs_file
+from service.preflight.verdict import Thresholds, default_thresholds, failures, verdict_line, with_overrides
+from service.spec.errors import SpecError
+from service.spec.experiment import ExperimentSpec, load_experiment
+from service.spec.params import ModelParams, load_params
+from service.spec.plan import Plan
+
+RESULT_FILE = "preflight.json"
+MIB = 2**20
+
+
+@dataclass
+class PreflightResult:
+    """What the preflight decided and measured (`summary()` is the `--json` document)."""
+
+    experiment: str
+    plan: str
+    verdict: str
+    reasons: list[str]
+    thresholds: dict[str, Any]
+    production: dict[str, Any]
+    collectives: list[dict[str, Any]]
+    checkpoint: dict[str, Any]
+    out_dir: str
+    runs_file: str | None = None
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def go(self) -> bool:
+        return not self.reasons
+
+    def summary(self) -> dict[str, Any]:
+        return {"go": self.go, **asdict(self)}
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint folder Ray Train persisted for the run (one with rank 0's worker state)."""
+    found = [p.parent for p in run_dir.glob("checkpoint_*/worker_rank0.pt")]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+class Preflight:
+    """Preflight of `plan` (default: the planner's selection) for the experiment on its cluster.
+
+    Args:
+        experiment: `ExperimentSpec` or a path to its YAML.
+        plan: "selected", a plan label (`service plan` prints them) or a `Plan`.
+        steps: optimizer steps of the production run (default: the proxy's warm-up steps + 3 timed).
+        out_dir: where `preflight_run.yaml` and `preflight.json` go (default
+            `<repo>/ray_results/preflight/<experiment>`).
+        storage_path: the cluster's shared storage for the run's checkpoints and step log (default:
+            the production run's, $SERVICE_STORAGE_PATH else `<repo>/ray_results/production`).
+        params: parameter set (path or `ModelParams`) for the estimate and the bus efficiencies
+            (default: the shipped set).
+        overrides: threshold values replacing the defaults (`Thresholds` field names).
+        message_mib: collective buffer size (default 8 MiB on CPU, 256 MiB on GPU: bandwidth-bound).
+        repeats: timed calls per collective (after 3 warm-up calls).
+        track: log the production run to MLflow.
+        keep_checkpoints: keep the run's checkpoint on the storage (default: removed once timed).
+        log: where the thresholds and progress are written (None: nowhere).
+    """
+
+    def __init__(
+        self,
+        experiment: ExperimentSpec | str | Path,
+        plan: str | Plan = "selected",
+        *,
+        steps: int | None = None,
+        out_dir: str | Path | None = None,
+        storage_path: str | Path | None = None,
+        params: ModelParams | str | Path | None = None,
+        overrides: dict[str, float | None] | None = None,
+        message_mib: float | None = None,
+        repeats: int | None = None,
+        track: bool = True,
+        keep_checkpoints: bool = False,
+        log: TextIO | None = None,
+    ):
+        from service.tracking.uri import repo_root
+        from service.train.production import ProductionRun
+
+        spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+        if steps is not None and steps <= 0:
+            raise SpecError("--steps", f"must be positive, got {steps}")
+        if message_mib is not None and not (math.isfinite(message_mib) and message_mib > 0):
+            raise SpecError("--message-mib", f"must be a positive number, got {message_mib}")
+        self.params = params if isinstance(params, ModelParams) else load_params(params)
+        self.steps = steps or spec.proxy.warmup_steps + 3
+        self.stamp = time.strftime("%Y%m%d-%H%M%S")
+        probe = ProductionRun(spec, plan, steps=self.steps, track=False)  # the plan, full-scale spec
+        self.plan, self.experiment = probe.plan, probe.experiment
+        label = self.plan.short().replace(":", "_")
+        self.run_name = f"preflight-{spec.name}-{label}-{self.stamp}"
+        self.production = ProductionRun(
+            spec,
+            self.plan,
+            steps=self.steps,
+            storage_path=storage_path,
+            run_name=self.run_name,
+            checkpoint_every=self.steps,  # only the final checkpoint (the one the probe loads)
+            max_failures=0,
+            track=track,
+            progress=log is not None,
+        )
+        self.storage_path = self.production.storage_path
+        self.out_dir = Path(out_dir or repo_root() / "ray_results" / "preflight" / spec.name).resolve()
+        self.thresholds: Thresholds = with_overrides(
+            default_thresholds(self.experiment, self.plan, self.params), **(overrides or {})
+        )
+        cuda = self.experiment.proxy.device == "cuda"
+        self.message_bytes = int((message_mib or (256.0 if cuda else 8.0)) * MIB)
+        self.repeats = repeats or (20 if cuda else 10)
+        self.log, self.keep_checkpoints = log, keep_checkpoints
+
+    def _say(self, text: str) -> None:
+        if self.log is not None:
+            self.log.write(text + "\n")
+            self.log.flush()
+
+    def stated_thresholds(self) -> str:
+        t = self.thresholds
+        parts = [
+            f"tokens/s >= {t.min_tokens_per_s:,.0f}" if t.min_tokens_per_s is not None else "tokens/s: off",
+            f"peak memory <= {t.max_memory_bytes / 2**30:.2f} GiB" if t.max_memory_bytes else "memory: off",
+            f"bus bandwidth >= {t.min_bandwidth_fraction:g} × assumed"
+            if t.min_bandwidth_fraction is not None
+            else "bandwidth: off",
+            f"checkpoint write >= {t.min_storage_gb_per_s:.3g} GB/s"
+            if t.min_storage_gb_per_s is not None
+            else "checkpoint: off",
+        ]
+        return f"preflight {self.plan.short()}: thresholds (stated before measuring): " + ", ".join(parts)
+
+    def fit(self) -> PreflightResult:
+        from service.train.ray_session import ensure_ray
+
+        started = time.monotonic()
+        self._say(self.stated_thresholds())
+        own_ray = ensure_ray(num_cpus=self.plan.num_gpus + 1)  # + the Train controller's
+        try:
+            check = getattr(self.production, "_check_local_gpus", None)  # refuses a run a local Ray
+            if own_ray and check is not None:  # lacks GPUs for, rather than waiting forever
+                check()
+            production = self.production.fit()
+            probe = self._probe(Path(production.run_dir))
+            if not self.keep_checkpoints:  # at full scale a checkpoint is the model state: TBs
+                for folder in Path(production.run_dir).glob("checkpoint_*"):
+                    shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            if own_ray:
+                import ray
+
+                ray.shutdown()
+        return self._result(production, probe, time.monotonic() - started)
+
+    def _probe(self, run_dir: Path) -> dict[str, Any]:
+        """Runs the collectives and checkpoint job; its JSON answer, or {"error": ...}."""
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        from service.train.run import classify_failure
+        from service.train.trainer import device_aware_torch_config, worker_config
+
+        self._say("preflight: timing collectives and a checkpoint on the workers")
+        out = run_dir / PROBE_FILE
+        ckpt = _latest_checkpoint(run_dir)
+        worker = worker_config(self.experiment, self.plan, run_dir=str(run_dir), steps=self.steps)
+        config = {
+            "worker": worker.model_dump(mode="json"),
+            "ops": [op for op, _ in coll.plan_collectives(self.plan)],
+            "message_bytes": self.message_bytes,
+            "repeats": self.repeats,
+            "load_from": str(ckpt) if ckpt else None,
+            "save_to": str(run_dir / "preflight-checkpoint"),
+            "out": str(out),
+        }
+        proxy = self.experiment.proxy
+        use_gpu = proxy.device == "cuda"
+        timeout_s = max(1, math.ceil(proxy.collective_timeout_s))
+        trainer = TorchTrainer(
+            probe_loop_per_worker,
+            train_loop_config=config,
+            torch_config=device_aware_torch_config(timeout_s)
+            if use_gpu
+            else TorchConfig("gloo", timeout_s=timeout_s),
+            scaling_config=ScalingConfig(
+                num_workers=self.plan.num_gpus, use_gpu=use_gpu, resources_per_worker={"CPU": 1}
+            ),
+            run_config=RunConfig(
+                name=f"{self.run_name}-probe",
+                storage_path=str(self.storage_path),
+                failure_config=FailureConfig(max_failures=0),
+            ),
+        )
+        try:
+            trainer.fit()
+        except Exception as err:  # Ray wraps the worker's error
+            return {"error": classify_failure(err)[1]}
+        if not out.exists():
+            return {"error": "the probe wrote no result"}
+        return dict(json.loads(out.read_text()))
+
+    def _collective_rows(self, probe: dict[str, Any]) -> list[dict[str, Any]]:
+        why = dict(coll.plan_collectives(self.plan))
+        rows = []
+        for scope, ops in probe.get("collectives", {}).get("scopes", {}).items():
+            for op, m in ops.items():
+                n = int(m["group_size"])
+                assumed = coll.assumed_bus_bandwidth_bytes_per_s(
+                    scope, n, self.experiment.cluster, self.params
+                )
+                rows.append(
+                    {
+                        "op": op,
+                        "scope": scope,
+                        "why": why.get(op, ""),
+                        "group_size": n,
+                        "groups": int(m["groups"]),
+                        "message_bytes": int(m["message_bytes"]),
+                        "seconds": m["seconds"],
+                        "alg_gb_per_s": m["alg_gb_per_s"],
+                        "bus_gb_per_s": m["bus_gb_per_s"],
+                        "assumed_bus_gb_per_s": assumed / 1e9,
+                        "ratio": m["bus_gb_per_s"] / (assumed / 1e9) if assumed > 0 else None,
+                    }
+                )
+        return rows
+
+    def _checkpoint_row(self, probe: dict[str, Any]) -> dict[str, Any]:
+        from service.spec.production import checkpoint_bytes
+
+        c = dict(probe.get("checkpoint", {}))
+        if "error" in probe and not c:
+            c["error"] = f"probe failed: {probe['error']}"
+        spec = self.experiment
+        assumed_gb_s = float(spec.goodput.bandwidth_gb_per_s(self.plan.num_gpus))
+        model_bytes = checkpoint_bytes(spec.model, self.plan.precision)
+        c["assumed_storage_gb_per_s"] = assumed_gb_s
+        c["goodput_checkpoint_bytes"] = model_bytes
+        c["goodput_write_s"] = model_bytes / (assumed_gb_s * 1e9)
+        if c.get("bytes") and c.get("save_s"):
+            c["write_gb_per_s"] = c["bytes"] / c["save_s"] / 1e9
+            c["projected_write_s"] = model_bytes / (c["write_gb_per_s"] * 1e9)  # the goodput model's bytes
+        if c.get("bytes") and c.get("load_s"):
+            c["read_gb_per_s"] = c["bytes"] / c["load_s"] / 1e9
+        return c
+
+    def _result(self, production: Any, probe: dict[str, Any], wall_s: float) -> PreflightResult:
+        from service.train.proxy_scale import proxy_plan
+        from service.train.run import read_log
+
+        m = production.last_metrics
+        records, _ = read_log(production.run_dir)
+        by_rank = next((r["detail"].get("memory_by_rank") for r in records if "detail" in r), None)
+        prod = {
+            "status": production.status,
+            "reason": production.reason,
+            "steps": production.steps,
+            "tokens_per_s": _finite(m.get("tokens_per_s")),
+            "step_time_s": _finite(m.get("step_time_s")),
+            "peak_memory_bytes": _finite(m.get("measured_peak_memory_bytes_per_rank")),
+            "peak_memory_bytes_by_rank": [row[-1] for row in by_rank] if by_rank else [],
+            "model_state_bytes": _finite(m.get("measured_model_state_bytes_per_rank")),
+            "predicted_tokens_per_s": _finite(m.get("predicted_tokens_per_s")),
+            "final_loss": production.losses[-1] if production.losses else None,
+            "run_dir": production.run_dir,
+            "mlflow_run_id": production.mlflow_run_id,
+            "wall_s": production.wall_s,
+        }
+        rows = self._collective_rows(probe)
+        ckpt = self._checkpoint_row(probe)
+        measured: dict[str, Any] = {
+            "tokens_per_s": prod["tokens_per_s"],
+            "peak_memory_bytes": prod["peak_memory_bytes"],
+            "collectives": rows,
+            "storage_gb_per_s": ckpt.get("write_gb_per_s"),
+            "checkpoint_error": ckpt.get("error"),
+        }
+        notes: list[str] = []
+        if production.status != "ok":
+            measured["error"] = production.reason or production.status
+        elif prod["tokens_per_s"] is None:
+            measured["error"] = "the production run logged no tokens/s"
+        if "error" in probe and not rows:
+            measured["error"] = "; ".join(filter(None, [measured.get("error"), f"probe: {probe['error']}"]))
+        if probe.get("fallback"):
+            notes.append(str(probe["fallback"]))
+        reasons = failures(self.thresholds, measured)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        runs_file = None
+        if prod["tokens_per_s"]:
+            ran = proxy_plan(self.experiment, self.plan).precision
+            document = runs_document(
+                self.experiment,
+                self.plan,
+                ran,
+                prod["tokens_per_s"],
+                run_id=self.run_name,
+                when=time.strftime("%Y-%m-%d %H:%M:%S"),
+                notes=f"{self.steps} steps, step time {prod['step_time_s']:.4g} s; "
+                f"verdict {verdict_line(reasons)}",
+            )
+            runs_file = str(write_runs_file(document, self.out_dir))
+        result = PreflightResult(
+            experiment=self.experiment.name,
+            plan=self.plan.short(),
+            verdict=verdict_line(reasons),
+            reasons=reasons,
+            thresholds=self.thresholds.model_dump(),
+            production=prod,
+            collectives=rows,
+            checkpoint=ckpt,
+            out_dir=str(self.out_dir),
+            runs_file=runs_file,
+            wall_s=wall_s,
+            notes=notes,
+        )
+        (self.out_dir / RESULT_FILE).write_text(json.dumps(result.summary(), indent=2))
+        return result
+
+
+def main_line(result: PreflightResult) -> str:
+    """The human summary: the measured numbers, then the verdict on the last line."""
+    p = result.production
+    lines = [f"plan {result.plan}: {p['status']}, {p['steps']} steps"]
+    if p["tokens_per_s"]:
+        lines.append(f"  tokens/s {p['tokens_per_s']:,.0f}  step {p['step_time_s']:.4g} s")
+    if p["peak_memory_bytes"]:
+        lines.append(f"  peak memory (busiest rank) {p['peak_memory_bytes'] / 2**30:.2f} GiB")
+    for c in result.collectives:
+        lines.append(
+            f"  {c['op']:14s} {c['scope']:10s} n={c['group_size']}  bus {c['bus_gb_per_s']:.3g} GB/s "
+            f"(assumed {c['assumed_bus_gb_per_s']:.3g})"
+        )
+    c = result.checkpoint
+    if "save_s" in c:
+        lines.append(
+            f"  checkpoint {c.get('bytes', 0) / MIB:.1f} MiB: save {c['save_s']:.3g} s "
+            f"({c.get('write_gb_per_s', 0):.3g} GB/s, assumed {c['assumed_storage_gb_per_s']:.3g}), "
+            f"load {c.get('load_s', float('nan')):.3g} s"
+        )
+    if result.runs_file:
+        lines.append(f"  measured run: {result.runs_file}")
+    lines.append(result.verdict)
+    return "\n".join(lines)
