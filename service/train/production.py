@@ -11,6 +11,14 @@ the data loader included, so the loss trajectory continues exactly. The driver (
 a worker) follows rank 0's step log on that storage, logs each step to MLflow and shows one line of
 progress.
 
+By default the model starts from random initialisation on the proxy section's data. With `weights` (a
+local Hugging Face checkpoint folder) it fine-tunes that checkpoint instead (service/train/weights.py:
+pp = tp = 1 plans, ZeRO 0-3, partitioned at load under ZeRO-3), on `data` (local JSON-lines, Parquet or
+Arrow files, tokenised with the checkpoint's tokenizer and packed by the driver before the workers start:
+service/train/hf_data.py), with an evaluation loss every `eval_every` steps and at the end, and writes the
+trained weights in Hugging Face format to `<storage>/<run_name>/hf_model/` (logged to MLflow as an
+artifact when small). The MLflow run's `init` tag says which: `random` or the checkpoint folder.
+
 Example:
     >>> result = ProductionRun("experiments/tiny-cpu.yaml", steps=20).fit()  # doctest: +SKIP
     >>> result.status, result.losses[-1], result.mlflow_run_id                 # doctest: +SKIP
@@ -31,6 +39,7 @@ from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.plan import Plan
 
 STORAGE_ENV = "SERVICE_STORAGE_PATH"
+ARTIFACT_MAX_BYTES = 1 << 30  # exported weights up to 1 GiB are copied into MLflow's artifact store
 
 
 def full_scale(experiment: ExperimentSpec) -> ExperimentSpec:
@@ -73,6 +82,8 @@ class ProductionResult:
     mlflow_run_id: str | None
     wall_s: float
     last_metrics: dict[str, float] = field(default_factory=dict)
+    eval_losses: dict[int, float] = field(default_factory=dict)  # step → evaluation loss (fine-tuning)
+    hf_model_dir: str | None = None  # the trained weights in Hugging Face format (fine-tuning)
 
 
 def _numbers(record: dict[str, Any]) -> dict[str, float]:
@@ -112,7 +123,8 @@ class _Follower:
         for record in records[self.logged :]:
             metrics = {"loss": float(record["loss"]), "restarts": float(restarts)}
             numbers = _numbers(record)
-            metrics.update({k: numbers[k] for k in ("tokens_per_s", "step_time_s") if k in numbers})
+            keys = ("tokens_per_s", "step_time_s", "eval_loss")
+            metrics.update({k: numbers[k] for k in keys if k in numbers})
             if self.tracker is not None:
                 self.tracker.log_metrics(metrics, step=int(record["step"]))
         shown, self.logged = self.logged, max(self.logged, len(records))
@@ -121,14 +133,17 @@ class _Follower:
             rate = _numbers(last).get("tokens_per_s")
             speed = f"  {rate:,.0f} tokens/s" if rate else ""
             step, loss = last["step"], float(last["loss"])
-            self.out.write(f"\rstep {step}/{self.total}  loss {loss:.4f}{speed}  restarts {restarts}   ")
+            evals = [_numbers(r)["eval_loss"] for r in records if "eval_loss" in _numbers(r)]
+            held = f"  eval {evals[-1]:.4f}" if evals else ""
+            line = f"\rstep {step}/{self.total}  loss {loss:.4f}{held}{speed}  restarts {restarts}   "
+            self.out.write(line)
             self.out.flush()
 
 
 class _MlflowRun:
     """The driver's MLflow run for a production run (params at start, metrics per step)."""
 
-    def __init__(self, experiment: ExperimentSpec, plan: Plan, run_name: str):
+    def __init__(self, experiment: ExperimentSpec, plan: Plan, run_name: str, tags: dict[str, str]):
         import mlflow
 
         from service.tracking.uri import resolve
@@ -139,7 +154,8 @@ class _MlflowRun:
         exp_id = exp.experiment_id if exp else self.client.create_experiment(
             target.experiment_name, artifact_location=target.artifact_location
         )  # fmt: skip
-        run = self.client.create_run(exp_id, run_name=run_name, tags={"service.kind": "production"})
+        tags = {"service.kind": "production", **tags}
+        run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         params = {"plan": plan.short(), **{k: str(v) for k, v in plan.model_dump().items()}}
         for key, value in params.items():
@@ -151,6 +167,13 @@ class _MlflowRun:
         now = int(time.time() * 1000)
         batch = [Metric(k, v, now, step) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_model(self, directory: Path) -> None:
+        """The exported weights as the run's `hf_model` artifact when small (a tag has their path)."""
+        size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+        if size <= ARTIFACT_MAX_BYTES:
+            self.client.log_artifacts(self.run_id, str(directory), artifact_path="hf_model")
+        self.client.set_tag(self.run_id, "hf_model", str(directory))
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, "FINISHED" if status == "ok" else "FAILED")
@@ -172,6 +195,13 @@ class ProductionRun:
         track: log to MLflow from the driver.
         progress: one progress line on stderr.
         inject_failure_at_step: test hook: kill one worker once at this step.
+        weights: a local Hugging Face checkpoint folder to fine-tune (default: random initialisation);
+            its config must match the experiment's model; plans with tp = pp = cp = 1 only.
+        data: with `weights`, local JSON-lines / Parquet / Arrow file(s) (a path, glob, folder or
+            comma-separated list) with a `text_field` or prompt/completion pairs (default: proxy.data).
+        text_field: the field holding the text (when the data has no prompt/completion pairs).
+        eval_fraction: share of the packed sequences held out for evaluation.
+        eval_every: steps between evaluations (default: at the end only).
     """
 
     def __init__(
@@ -187,6 +217,11 @@ class ProductionRun:
         track: bool = True,
         progress: bool = False,
         inject_failure_at_step: int | None = None,
+        weights: str | Path | None = None,
+        data: str | None = None,
+        text_field: str = "text",
+        eval_fraction: float = 0.05,
+        eval_every: int | None = None,
     ):
         from service.tracking.uri import repo_root
 
@@ -204,6 +239,62 @@ class ProductionRun:
         )
         self.max_failures, self.track, self.progress = max_failures, track, progress
         self.inject_failure_at_step = inject_failure_at_step
+        self.weights = str(Path(weights).resolve()) if weights is not None else None
+        self.data, self.text_field = data, text_field
+        self.eval_fraction, self.eval_every = eval_fraction, eval_every or 0
+        self._rows = self._check_finetune()
+
+    def _check_finetune(self) -> Any:
+        """Refuses, in one line and before anything is written, what a fine-tuning run cannot do; returns
+        the data's rows (read once here, tokenised and packed by `fit`)."""
+        from service.train import hf_data, weights
+        from service.train.proxy_scale import proxy_model, proxy_seq_len
+
+        if self.weights is None:
+            for flag, value in (("--data", self.data), ("--eval-every", self.eval_every or None)):
+                if value is not None:
+                    raise SpecError(flag, "needs --weights (the checkpoint to fine-tune, with its tokenizer)")
+            return None
+        weights.check_layout(self.plan)
+        weights.check_checkpoint(self.weights, proxy_model(self.experiment), proxy_seq_len(self.experiment))
+        if self.eval_every < 0:
+            raise SpecError("--eval-every", f"must be positive, got {self.eval_every}")
+        if not 0 <= self.eval_fraction < 1:
+            raise SpecError("--eval-fraction", f"must be in [0, 1), got {self.eval_fraction}")
+        if self.data is None:
+            return None
+        return hf_data.load_rows(self.data, self.text_field)
+
+    def _finetune_config(self, run_dir: Path) -> dict[str, Any] | None:
+        """The workers' `finetune` section: the checkpoint, the packed data (written here, once, before
+        the workers start: the same data and seed give the same files, so a resumed run reads what the
+        interrupted one did) and where the trained weights go."""
+        from service.train import hf_data
+        from service.train.proxy_scale import proxy_model, proxy_seq_len
+        from service.train.weights import EXPORT_DIR, FineTune
+
+        if self.weights is None:
+            return None
+        data_dir = None
+        if self.data is not None:
+            packed = hf_data.prepare(
+                self.data,
+                self.weights,
+                seq_len=proxy_seq_len(self.experiment),
+                seed=self.experiment.proxy.seed,
+                eval_fraction=self.eval_fraction,
+                vocab_size=proxy_model(self.experiment).vocab_size,
+                text_field=self.text_field,
+                rows=self._rows,
+            )
+            data_dir = str(hf_data.write(packed, run_dir / "data"))
+        finetune = FineTune(
+            weights=self.weights,
+            data_dir=data_dir,
+            eval_every=self.eval_every,
+            export_dir=str(run_dir / EXPORT_DIR),
+        )
+        return finetune.model_dump(mode="json")
 
     def _young_daly_steps(self) -> int:
         """Steps between checkpoints when none is asked for: Young's interval (the memo's goodput
@@ -257,11 +348,14 @@ class ProductionRun:
     def _fit(self) -> ProductionResult:
         from service.train.run import classify_failure, read_log
         from service.train.trainer import build_trainer
+        from service.train.weights import EXPORT_DIR
 
         started = time.monotonic()
         run_dir = self.storage_path / self.run_name
         self.storage_path.mkdir(parents=True, exist_ok=True)
-        tracker = _MlflowRun(self.experiment, self.plan, self.run_name) if self.track else None
+        finetune = self._finetune_config(run_dir)
+        tags = {"init": self.weights or "random", **({"data": self.data} if self.data else {})}
+        tracker = _MlflowRun(self.experiment, self.plan, self.run_name, tags) if self.track else None
         trainer = build_trainer(
             self.experiment,
             self.plan,
@@ -273,6 +367,10 @@ class ProductionRun:
             max_failures=self.max_failures,
             proxy=False,
         )
+        if finetune is not None:
+            # build_trainer has no fine-tuning argument: its worker config (the dict Ray Train sends to
+            # every worker, held by the trainer as `train_loop_config`) gets the section in place.
+            trainer.train_loop_config["finetune"] = finetune
         status, reason = "ok", ""
         with _Follower(run_dir, self.steps, tracker, sys.stderr if self.progress else None):
             try:
@@ -280,8 +378,14 @@ class ProductionRun:
             except Exception as err:  # Ray wraps the worker's error; report it in one line
                 status, reason = classify_failure(err)
         records, restarts = read_log(run_dir)
+        hf_model = run_dir / EXPORT_DIR if finetune is not None and status == "ok" else None
+        if hf_model is not None and not (hf_model / "config.json").is_file():
+            status, reason, hf_model = "failed", f"the workers wrote no trained weights to {hf_model}", None
         if tracker is not None:
+            if hf_model is not None:
+                tracker.log_model(hf_model)
             tracker.finish(status)
+        evals = {int(r["step"]): _numbers(r)["eval_loss"] for r in records if "eval_loss" in _numbers(r)}
         return ProductionResult(
             plan=self.plan,
             status=status,
@@ -293,4 +397,6 @@ class ProductionRun:
             mlflow_run_id=tracker.run_id if tracker else None,
             wall_s=time.monotonic() - started,
             last_metrics=_numbers(records[-1]) if records else {},
+            eval_losses=evals,
+            hf_model_dir=str(hf_model) if hf_model is not None else None,
         )

@@ -23,12 +23,13 @@ from pydantic import BaseModel, ConfigDict
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
-from service.train import checkpoint, cpu_layout, measure
+from service.train import checkpoint, cpu_layout, hf_data, measure
 from service.train.data import ShardedLoader, token_source
 from service.train.device import apply_collective_timeout, cap_memory, pick_device, seed_everything
 from service.train.ds_config import deepspeed_config
 from service.train.model import apply_recompute, build_causal_lm, build_model, forward_loss
 from service.train.startup import import_deepspeed
+from service.train.weights import FineTune, export_hf, load_causal_lm
 
 FAILURE_MARKER = "injected_failure.done"
 LOG_FILE = "proxy_log.jsonl"
@@ -50,6 +51,7 @@ class WorkerConfig(BaseModel):
     run_dir: str  # shared directory for the step log and the failure marker
     predicted: dict[str, float] = {}
     stall: dict[str, float] | None = None  # test hook: {"rank", "step", "seconds"}, see `_maybe_stall`
+    finetune: FineTune | None = None  # the user's weights and data (service.train.weights, hf_data)
 
 
 # A reporter takes (metrics, checkpoint directory or None) and returns nothing. Metrics are floats,
@@ -69,6 +71,9 @@ def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str
     mpu = None
     if cfg.plan.pp > 1 or cfg.plan.tp > 1 or cfg.plan.cp > 1:
         model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype)
+    elif cfg.finetune is not None:  # the user's checkpoint (partitioned at load under ZeRO-3)
+        model = load_causal_lm(cfg.finetune.weights, ds_config, dtype)
+        apply_recompute(model, cfg.plan.recompute)
     else:
         model = build_causal_lm(cfg.model, cfg.proxy.seed, dtype, device)
         apply_recompute(model, cfg.plan.recompute)
@@ -99,7 +104,7 @@ def _train_step(
         total = 0.0
         for _ in range(cfg.plan.grad_accum):
             batch = loader.next_micro_batch().to(engine.device)
-            loss = forward_loss(engine, batch)
+            loss = forward_loss(engine, batch) if batch.dim() == 2 else hf_data.labelled_loss(engine, batch)
             engine.backward(loss)
             engine.step()
             total += float(loss.detach())
@@ -290,6 +295,9 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
     phases["engine_ready"] = time.time()
     dp_rank, dp_size = data_parallel_rank(engine)
     source = token_source(cfg.proxy.data, cfg.model.vocab_size, cfg.seq_len, cfg.proxy.seed)
+    held_out = None  # the fine-tuning data's evaluation split
+    if cfg.finetune is not None and cfg.finetune.data_dir is not None:
+        source, held_out = hf_data.splits(cfg.finetune.data_dir, cfg.proxy.seed)
     loader = ShardedLoader(source, dp_rank, dp_size, cfg.plan.micro_batch)
     start = 0
     if resume_dir is not None:
@@ -317,6 +325,9 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
         metrics: dict[str, Any] = _metrics(cfg, step, loss, times, rows)
         if choice.fallback:  # a string among the floats only when there is something to say
             metrics["device_fallback"] = choice.fallback
+        every = cfg.finetune.eval_every if cfg.finetune is not None else 0
+        if held_out is not None and (step == cfg.steps or (every and step % every == 0)):
+            metrics["eval_loss"] = hf_data.evaluate(engine, held_out, dp_rank, dp_size, cfg.plan.micro_batch)
         if rank == 0:
             record = {"event": "step", "step": step, "loss": loss, "time": time.time(), "metrics": metrics}
             if meter.tally:
@@ -330,6 +341,9 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
                 reporter(metrics, tmp)
         else:
             reporter(metrics, None)
+    if cfg.finetune is not None:  # the trained weights in Hugging Face format, on the run's storage
+        first = held_out.block(0)[0] if held_out is not None else source.sample(0)  # logits to compare
+        export_hf(engine, cfg.finetune, rank, torch.from_numpy(first.reshape(-1, cfg.seq_len)[:1]))
     return losses
 
 
