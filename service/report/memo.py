@@ -343,12 +343,22 @@ def outputs(r: RunResult) -> list[Block]:
     launch = f"launch: `{r.launch_command}`"
     if r.launch_command and "service train" in r.launch_command:
         launch += (
-            " — it runs this plan at full scale from random initialisation on the experiment's "
-            "`proxy.data` tokens (seeded synthetic unless it names a token file), checkpointing at Young's "
-            "interval and after the last step: it proves the layout, memory and speed; fine-tuning your "
-            "own weights goes through your training script, below"
+            " — add `--weights DIR --data FILES` to fine-tune your own Hugging Face checkpoint on your "
+            "data (JSON lines, Parquet or Arrow; plans without tensor, pipeline or context parallelism), "
+            "with an evaluation split and the trained weights exported in Hugging Face format; without "
+            "them it runs this plan from random initialisation on the experiment's `proxy.data` tokens, "
+            "to prove the layout, memory and speed. It checkpoints at Young's interval and after the last "
+            "step"
         )
     items = [f"DeepSpeed config (full scale): {r.ds_config_path}", launch]
+    if r.launch_command and " service train " in r.launch_command:
+        preflight = r.launch_command.replace(" service train ", " service preflight ")
+        items.append(
+            f"first hour: `{preflight}` on the cluster measures the collectives the plan uses, times a "
+            "few steps and a checkpoint save and load, and says GO or NO-GO against the thresholds it "
+            "prints first (the interval's low end, the memory limit, the assumed bandwidth and storage "
+            "rate); what it measured is a runs file `calibrate` reads"
+        )
     if r.deepspeed_command and r.deepspeed_command != r.launch_command:
         items.append(f"or with your own training script: `{r.deepspeed_command}`" + own_script_note(r))
     if r.mlflow_run_id:

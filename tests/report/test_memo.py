@@ -98,7 +98,8 @@ def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan
     """Issue #32's seed memo: a tie group with the reason the choice won it, no offload plan tied at no
     cost, the nearest published runs beside the number, what would flip the choice, the budget margin."""
     md = Path(plan_only.memo_paths["markdown"]).read_text()
-    assert plan_only.ties is not None and plan_only.selected_label in plan_only.ties.members
+    sel_label = plan_only.selected_label
+    assert plan_only.ties is not None and sel_label in plan_only.ties.members
     assert "wins the tie" in plan_only.ties.note and "A/B" in plan_only.ties.note
     offload_rows = [r for r in plan_only.rows if r.plan["offload_params"] or r.plan["offload_optimizer"]]
     assert offload_rows and all(r.status != "tied" for r in offload_rows)
@@ -111,6 +112,9 @@ def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan
     assert "deepspeedai/DeepSpeed#7164" in md  # why hpZ lost the tie, with the issue
     assert f"**What would flip it:** {sens.flip}" in md
     assert sens.budget_margin.startswith("over budget (max_dollars) only below") and sens.budget_margin in md
+    # the first hour and the real fine-tune are in the outputs, with the commands that run them
+    assert re.search(rf"python -m service preflight \S+exp\.yaml --plan {re.escape(sel_label)}` on", md)
+    assert "--weights DIR --data FILES" in md
 
 
 def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path: Path) -> None:
