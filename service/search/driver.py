@@ -96,6 +96,13 @@ class Search:
             self.space = space
         else:
             self.space = load_space(space) if isinstance(space, str | Path) else space_from_dict(space)
+        written_for = self.space.experiment
+        if written_for is not None and written_for != self.experiment.name:
+            raise SpecError(
+                "experiment",
+                f"the search space {self.space.name!r} was written for experiment {written_for!r}, not "
+                f"{self.experiment.name!r} (its plan values assume that model and cluster)",
+            )
         self.config = config or SearchConfig()
         run = run_config or RunConfig()
         settings = self.space.search

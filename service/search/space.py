@@ -246,6 +246,11 @@ class SearchSpace(BaseModel):
 
     name: str = Field("space", description="Space name (MLflow run names, results folder).")
     description: str = Field("", description="What the space is for.")
+    experiment: str | None = Field(
+        None,
+        description="The experiment (its `name`) the space was written for: a search of another "
+        "experiment with it is refused. None: any experiment.",
+    )
     params: ParamSpace = Field(description="Plan fields to vary, each with its list of values.")
     constraints: Constraints = Field(default_factory=Constraints)  # type: ignore[arg-type]
     metric: Metric = Field("tokens_per_s", description="Measured metric the search optimises.")

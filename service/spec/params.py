@@ -311,6 +311,10 @@ def load_params(path: str | Path | None = None) -> ModelParams:
     read once per process (the planner scores hundreds of thousands of plans a second on it)."""
     if path is None:
         return _shipped_params()
+    if not isinstance(path, str | Path):
+        from service.spec.errors import SpecError
+
+        raise SpecError("params", f"a parameter-set path (str or Path), got {type(path).__name__}")
     return _read_params(Path(path))
 
 

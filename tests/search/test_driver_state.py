@@ -128,3 +128,20 @@ def test_collect_keeps_the_workers_device_fallback(tmp_path: Path) -> None:
     assert records["t1"].status == "ok" and records["t1"].measured.tokens_per_s == 900.0
     assert records["t2"].device_fallback == ""  # ran where it asked
     assert records["t1"].to_dict()["device_fallback"] == fell_back["device_fallback"]
+
+
+def test_a_space_written_for_another_experiment_is_refused(tmp_path):
+    """search_spaces/llama2-13b-32xh100.yaml says which experiment it is for; with tiny-cpu it is refused
+    in one line naming the field, before anything is written."""
+    seed_space = REPO / "search_spaces" / "llama2-13b-32xh100.yaml"
+    with pytest.raises(SpecError, match=r"experiment: the search space 'llama2-13b-32xh100' was written for"):
+        Search(EXPERIMENT, seed_space, run_config=RunConfig(storage_path=tmp_path))
+    assert not any(tmp_path.iterdir())
+    Search(EXPERIMENT, SPACE, run_config=RunConfig(storage_path=tmp_path))  # its own space: accepted
+
+
+def test_load_params_refuses_a_non_path_with_a_spec_error():
+    from service.spec.params import load_params
+
+    with pytest.raises(SpecError, match="params"):
+        load_params(5)  # type: ignore[arg-type]
