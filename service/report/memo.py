@@ -16,6 +16,7 @@ from service.report.charts import draw_all
 from service.report.charts_data import CPU_SPEED_WHY, proxy_speed_unused, proxy_text
 from service.report.memo_confidence import confidence_blocks
 from service.report.memo_goodput import goodput_blocks
+from service.report.memo_outputs import outputs
 from service.report.render import Block, to_html, to_markdown
 from service.report.result import CALIBRATED, MEASURED, PRIOR, PUBLISHED, Interval, PlanRow, RunResult
 
@@ -319,52 +320,6 @@ def goodput(r: RunResult) -> list[Block]:
         ["goodput", f"{g.goodput:.1%}", g.rule],
     ]
     return [("h2", "Goodput"), ("table", ["", "value", "source / rule"], rows)]
-
-
-def own_script_note(r: RunResult) -> str:
-    """What a training script must do for the shipped config to hold: DeepSpeed checks train_batch_size
-    against micro-batch × accumulation × its data-parallel size, which is the world size unless the
-    script passes an `mpu` (tensor-parallel groups) or a PipelineModule."""
-    plan = r.selected_plan or {}
-    tp, pp, cp, dp = (int(plan.get(k, 1)) for k in ("tp", "pp", "cp", "dp"))
-    if tp == pp == cp == 1:
-        return ""
-    parts = [f"{tp}-way tensor-parallel layers and passes their `mpu`"] if tp > 1 else []
-    parts += [f"a {pp}-stage `PipelineModule`"] if pp > 1 else []
-    parts += [f"{cp}-way Ulysses attention"] if cp > 1 else []
-    return (
-        f" (train.py builds {' and '.join(parts)} to deepspeed.initialize: the config's train_batch_size "
-        f"counts dp = {dp} ranks, not all {dp * tp * pp * cp})"
-    )
-
-
-def outputs(r: RunResult) -> list[Block]:
-    blocks: list[Block] = [("h2", "Outputs")]
-    launch = f"launch: `{r.launch_command}`"
-    if r.launch_command and "service train" in r.launch_command:
-        launch += (
-            " — add `--weights DIR --data FILES` to fine-tune your own Hugging Face checkpoint on your "
-            "data (JSON lines, Parquet or Arrow; plans without tensor, pipeline or context parallelism), "
-            "with an evaluation split and the trained weights exported in Hugging Face format; without "
-            "them it runs this plan from random initialisation on the experiment's `proxy.data` tokens, "
-            "to prove the layout, memory and speed. It checkpoints at Young's interval and after the last "
-            "step"
-        )
-    items = [f"DeepSpeed config (full scale): {r.ds_config_path}", launch]
-    if r.launch_command and " service train " in r.launch_command:
-        preflight = r.launch_command.replace(" service train ", " service preflight ")
-        items.append(
-            f"first hour: `{preflight}` on the cluster measures the collectives the plan uses, times a "
-            "few steps and a checkpoint save and load, and says GO or NO-GO against the thresholds it "
-            "prints first (the interval's low end, the memory limit, the assumed bandwidth and storage "
-            "rate); what it measured is a runs file `calibrate` reads"
-        )
-    if r.deepspeed_command and r.deepspeed_command != r.launch_command:
-        items.append(f"or with your own training script: `{r.deepspeed_command}`" + own_script_note(r))
-    if r.mlflow_run_id:
-        items.append(f"MLflow parent run {r.mlflow_run_id} ({r.tracking_uri}); proxy trials are its children")
-    blocks.append(("ul", [i for i in items if "None" not in i]))
-    return blocks
 
 
 def blocks(r: RunResult) -> list[Block]:

@@ -138,7 +138,7 @@ def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path:
 
 
 def test_own_script_note_says_what_the_config_needs_from_train_py() -> None:
-    from service.report.memo import own_script_note
+    from service.report.memo_outputs import own_script_note
     from service.report.result import RunResult
 
     def note(**layout: int) -> str:
