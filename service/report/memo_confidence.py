@@ -60,7 +60,7 @@ def sensitivity(r: RunResult) -> list[Block]:
         for sc in s.scenarios
     ]
     out: list[Block] = [
-        ("h2", "Sensitivity: what would change the decision"),
+        ("h2", "Sensitivity: what would change the choice"),
         (
             "p",
             "Each scenario moves one thing plans depend on differently (the network between nodes, a "

@@ -25,7 +25,7 @@ SECTIONS = (
     "Goodput",
     "Ties: what the model cannot tell apart",
     "Evidence behind the number",
-    "Sensitivity: what would change the decision",
+    "Sensitivity: what would change the choice",
     "Risks",
     "Assumptions and sources",
     "Outputs",
