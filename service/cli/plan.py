@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-GIB = 1024**3
+from service.spec.units import GIB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

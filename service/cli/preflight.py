@@ -19,6 +19,7 @@ import json
 import sys
 
 from service.cli.args import finite_float, positive_float, positive_int
+from service.spec.units import GIB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = {
         "min_tokens_per_s": args.min_tokens_per_s,
-        "max_memory_bytes": args.max_memory_gib * 2**30 if args.max_memory_gib else None,
+        "max_memory_bytes": args.max_memory_gib * GIB if args.max_memory_gib else None,
         "min_bandwidth_fraction": args.min_bandwidth_fraction,
         "min_storage_gb_per_s": args.min_storage_gb_per_s,
     }

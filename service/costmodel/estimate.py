@@ -20,9 +20,8 @@ from service.spec.params import ModelParams, interval_bounds, load_params
 from service.spec.plan import Plan
 from service.spec.plan_table import PlanTable
 from service.spec.stack import stack_names
+from service.spec.units import GIB
 from service.spec.workload import Workload
-
-GIB = 2**30
 
 
 @dataclass(frozen=True)

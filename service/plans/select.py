@@ -28,13 +28,15 @@ import numpy as np
 from service.costmodel.result import EstimateTable
 from service.plans.risk import Risk, risk_of
 from service.spec.plan_table import PlanTable
+from service.spec.units import GIB
 from service.spec.workload import Budget
 
 STATUSES: tuple[str, ...] = (
     "selected", "over memory", "over budget", "over deadline", "slower", "costlier", "tied", "riskier"
 )  # fmt: skip
 SELECTED, OVER_MEMORY, OVER_BUDGET, OVER_DEADLINE, SLOWER, COSTLIER, TIED, RISKIER = range(len(STATUSES))
-GIB = 1024**3
+# The statuses of plans that fit in memory and meet the budget (the rest lost to memory or budget).
+MEETS_BUDGET = (SELECTED, SLOWER, COSTLIER, TIED, RISKIER)
 
 
 @dataclass(frozen=True)

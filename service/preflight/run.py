@@ -34,6 +34,7 @@ from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.params import ModelParams, load_params
 from service.spec.plan import Plan
+from service.spec.units import GIB
 
 RESULT_FILE = "preflight.json"
 MIB = 2**20
@@ -160,7 +161,7 @@ class Preflight:
         t = self.thresholds
         parts = [
             f"tokens/s >= {t.min_tokens_per_s:,.0f}" if t.min_tokens_per_s is not None else "tokens/s: off",
-            f"peak memory <= {t.max_memory_bytes / 2**30:.2f} GiB" if t.max_memory_bytes else "memory: off",
+            f"peak memory <= {t.max_memory_bytes / GIB:.2f} GiB" if t.max_memory_bytes else "memory: off",
             f"bus bandwidth >= {t.min_bandwidth_fraction:g} × assumed"
             if t.min_bandwidth_fraction is not None
             else "bandwidth: off",
@@ -365,7 +366,7 @@ def main_line(result: PreflightResult) -> str:
     if p["tokens_per_s"]:
         lines.append(f"  tokens/s {p['tokens_per_s']:,.0f}  step {p['step_time_s']:.4g} s")
     if p["peak_memory_bytes"]:
-        lines.append(f"  peak memory (busiest rank) {p['peak_memory_bytes'] / 2**30:.2f} GiB")
+        lines.append(f"  peak memory (busiest rank) {p['peak_memory_bytes'] / GIB:.2f} GiB")
     for c in result.collectives:
         lines.append(
             f"  {c['op']:14s} {c['scope']:10s} n={c['group_size']}  bus {c['bus_gb_per_s']:.3g} GB/s "

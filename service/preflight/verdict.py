@@ -21,6 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.spec.units import GIB
+
 DEFAULT_BANDWIDTH_FRACTION = 0.5
 
 
@@ -60,7 +62,7 @@ def default_thresholds(experiment: Any, plan: Any, params: Any = None) -> Thresh
         sources["min_tokens_per_s"] = sources["max_memory_bytes"] = f"off: no estimate ({err})"
     cap = experiment.proxy.memory_limit_gib
     if cap is not None and experiment.proxy.device == "cpu":
-        cap_bytes = cap * 2**30
+        cap_bytes = cap * GIB
         if max_mem is None or cap_bytes < max_mem:
             max_mem = cap_bytes
             sources["max_memory_bytes"] = f"the workers' memory cap (proxy.memory_limit_gib = {cap:g})"
@@ -100,7 +102,7 @@ def failures(thresholds: Thresholds, measured: dict[str, Any]) -> list[str]:
         out.append(f"tokens/s {tps:,.0f} < {thresholds.min_tokens_per_s:,.0f}")
     mem = measured.get("peak_memory_bytes")
     if thresholds.max_memory_bytes is not None and mem is not None and mem > thresholds.max_memory_bytes:
-        out.append(f"peak memory {mem / 2**30:.2f} GiB > {thresholds.max_memory_bytes / 2**30:.2f} GiB")
+        out.append(f"peak memory {mem / GIB:.2f} GiB > {thresholds.max_memory_bytes / GIB:.2f} GiB")
     fraction = thresholds.min_bandwidth_fraction
     for c in measured.get("collectives", []):
         need = (fraction or 0.0) * c["assumed_bus_gb_per_s"]

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 
 from service.report.result import Interval, PlanRow, RunResult
+from service.spec.units import GIB
 
-GIB = 2**30
 MIB = 2**20
 # GPU memory terms, bottom of the stack first; their sum is the plan's memory per GPU.
 TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")

@@ -19,8 +19,8 @@ from service.report.memo_goodput import goodput_blocks
 from service.report.memo_outputs import outputs
 from service.report.render import Block, to_html, to_markdown
 from service.report.result import CALIBRATED, MEASURED, PRIOR, PUBLISHED, Interval, PlanRow, RunResult
+from service.spec.units import GIB
 
-GIB = 2**30
 SHORT_TAG = {PRIOR: "prior", PUBLISHED: "published fit", CALIBRATED: "calibrated", MEASURED: "measured"}
 
 

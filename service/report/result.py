@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.spec.record import Metrics
+from service.spec.units import GIB
 
 PRIOR = "analytical prior"
 PUBLISHED = "fit on published runs"  # the shipped parameter set (benchmarks/published), not these proxies
@@ -79,7 +80,7 @@ class PlanRow(BaseModel):
         return (
             f"PlanRow({self.status} {self.label}: {self.tokens_per_s.value:,.0f} tokens/s, "
             f"{self.hours.value:,.2f} h, ${self.dollars.value:,.0f}, "
-            f"{self.memory_per_gpu_bytes.value / 2**30:.1f} GiB/GPU)"
+            f"{self.memory_per_gpu_bytes.value / GIB:.1f} GiB/GPU)"
         )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from service.costmodel.result import EstimateTable
 from service.plans.enumerate import DEFAULT_MAX_MICRO_BATCH, Enumeration, enumerate_plans
-from service.plans.select import COSTLIER, RISKIER, SELECTED, SLOWER, TIED, Selection, select_plan
+from service.plans.select import Selection, select_plan
 from service.run.goodput import checkpoint_bytes, wall_hours
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
@@ -28,7 +28,6 @@ from service.spec.production import GoodputSpec
 from service.spec.workload import Budget, Workload
 
 ROBUST_TOLERANCE = 0.05
-FEASIBLE = (SELECTED, COSTLIER, SLOWER, TIED, RISKIER)
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from service.plans.select import MEETS_BUDGET
 from service.report.result import CALIBRATED, PRIOR, PUBLISHED, Alternative, ProxyTrial, RunResult
 from service.run import calibration as cal
-from service.run.decide import FEASIBLE, Scored, best_cluster, score
+from service.run.decide import Scored, best_cluster, score
 from service.run.evidence import evidence, tie_group
 from service.run.goodput import checkpoint_bytes, goodput_record
 from service.run.proxies import run_proxies
@@ -37,6 +38,7 @@ from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.params import ModelParams, load_params
 from service.spec.record import Metrics
+from service.spec.units import GIB
 from service.tracking.uri import repo_root
 
 DEFAULT_MAX_PROXIES = 4
@@ -283,7 +285,7 @@ class Run:
 
 def _scatter(s: Scored) -> list[list[float]]:
     fits = np.flatnonzero(s.est.fits.astype(bool))
-    meets = np.isin(s.selection.status[fits], FEASIBLE)
+    meets = np.isin(s.selection.status[fits], MEETS_BUDGET)
     return [
         [float(s.est.tokens_per_s[r]), float(s.est.dollars[r]), float(m)]
         for r, m in zip(fits, meets, strict=True)
@@ -323,7 +325,7 @@ def _message(main: Scored, selected: Any, robust_note: str) -> str:
         f"selected {selected.label} on {main.cluster.num_gpus} × {main.cluster.gpu.name}: "
         f"{selected.tokens_per_s.value:,.0f} tokens/s, {selected.hours.value:,.1f} h and "
         f"${selected.dollars.value:,.0f} with interruptions included, "
-        f"{selected.memory_per_gpu_bytes.value / 2**30:.1f} GiB per GPU; sensitivity: {robust_note}"
+        f"{selected.memory_per_gpu_bytes.value / GIB:.1f} GiB per GPU; sensitivity: {robust_note}"
     )
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.plans.select import GIB, OVER_BUDGET, OVER_DEADLINE, OVER_MEMORY, STATUSES
+from service.plans.select import GIB, MEETS_BUDGET, OVER_BUDGET, OVER_DEADLINE, OVER_MEMORY, STATUSES
 from service.report.result import CALIBRATED, MEMORY_FALLBACK, PRIOR, Interval, PlanRow
-from service.run.decide import FEASIBLE, Scored
+from service.run.decide import Scored
 from service.run.validate import FAMILIES, families_of
 from service.spec.workload import Budget
 
@@ -39,7 +39,11 @@ def memory_fallback(s: Scored, chosen: int | None, spread: np.ndarray) -> int | 
         return None
     status = s.selection.status
     return next(
-        (int(r) for r in s.selection.order if r != chosen and status[r] in FEASIBLE and high[r] <= limit[r]),
+        (
+            int(r)
+            for r in s.selection.order
+            if r != chosen and status[r] in MEETS_BUDGET and high[r] <= limit[r]
+        ),
         None,
     )
 
@@ -174,7 +178,7 @@ def memo_rows(
     """The rows the memo shows, chosen first, each once."""
     status = s.selection.status
     order = [int(r) for r in s.selection.order]
-    feasible = [r for r in order if status[r] in FEASIBLE]
+    feasible = [r for r in order if status[r] in MEETS_BUDGET]
     picks: list[int] = [] if chosen is None else [chosen]
     spread = memory_spread_bytes(s, memory_errors, widening)  # every plan's, once
     fallback = memory_fallback(s, chosen, spread)

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.plans.select import MEETS_BUDGET
 from service.report.result import Scenario, Sensitivity
-from service.run.decide import FEASIBLE, ROBUST_TOLERANCE, Scored, regret, robust_choice, score
+from service.run.decide import ROBUST_TOLERANCE, Scored, regret, robust_choice, score
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams
@@ -124,7 +125,7 @@ def sensitivity(
     labels = nominal.plans
     objective = budget.objective
     resolution = nominal.selection.resolution
-    feasible_nominal = np.isin(nominal.selection.status, FEASIBLE)
+    feasible_nominal = np.isin(nominal.selection.status, MEETS_BUDGET)
     runs: list[tuple[Lever, Scored, np.ndarray]] = []
     worst = np.where(feasible_nominal, 0.0, np.inf)
     for lever in levers(nominal.cluster, params, budget):
@@ -189,7 +190,7 @@ def _riskier(s: Scored, row: int) -> np.ndarray:
 def scenario_regret(s: Scored, objective: str) -> np.ndarray:
     """Each plan's regret against the scenario's best objective (inf where it misses the budget; 0 for
     every plan when none meets it: nothing to prefer, reported as a risk)."""
-    feasible = np.isin(s.selection.status, FEASIBLE)
+    feasible = np.isin(s.selection.status, MEETS_BUDGET)
     values = s.objective(objective)
     if not feasible.any():
         return np.zeros(len(values))

@@ -19,6 +19,7 @@ from service.search.space import SearchSpace
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
 from service.spec.record import PREDICTED, Metrics
+from service.spec.units import GIB
 from service.train.proxy_scale import plan_for_point
 
 __all__ = ["Candidate", "PruneResult", "PrunedPlan", "plan_for_point", "proxy_prediction", "prune_space"]
@@ -109,7 +110,7 @@ def _judge(
         note = f"no prediction: {type(err).__name__}: {err}"
         return Candidate(plan.short(), plan, Metrics(), math.nan, note=note)
     if guided and _or_nan(predicted.fits) < 0.5:
-        peak_gib = _or_nan(predicted.peak_memory_bytes_per_rank) / 2**30
+        peak_gib = _or_nan(predicted.peak_memory_bytes_per_rank) / GIB
         reason = f"predicted not to fit: peak {peak_gib:.2f} GiB per rank"
         return PrunedPlan(point, reason, "predicted_oom", plan, predicted)
     seq_len = proxy_workload(experiment, plan).seq_len

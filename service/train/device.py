@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from service.spec.proxy import ProxySpec
+from service.spec.units import GIB
 
 GPU_FALLBACK = "GPU resource without a CUDA device: ran on CPU/gloo"
 GLOO_FALLBACK = "process group is gloo (not every worker has a CUDA device): ran on CPU/gloo"
@@ -44,7 +45,7 @@ def cap_memory(limit_gib: float | None, device: torch.device) -> None:
     """
     if limit_gib is None:
         return
-    limit = int(limit_gib * 2**30)
+    limit = int(limit_gib * GIB)
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)

@@ -155,8 +155,7 @@ def test_robust_choice_prefers_a_plan_that_stays_good() -> None:
 
 
 def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
-    from service.plans.select import STATUSES
-    from service.run.decide import FEASIBLE
+    from service.plans.select import MEETS_BUDGET, STATUSES
     from service.run.rows import memory_fallback, memory_spread_bytes
 
     s = _score(Budget(objective="cost", max_dollars=1500, max_hours=24))
@@ -168,11 +167,11 @@ def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
     assert high[chosen] > limit[chosen]
     fallback = memory_fallback(s, chosen, memory_spread_bytes(s, errors, widening))
     assert fallback is not None and fallback != chosen
-    assert high[fallback] <= limit[fallback] and s.selection.status[fallback] in FEASIBLE
+    assert high[fallback] <= limit[fallback] and s.selection.status[fallback] in MEETS_BUDGET
     # nothing ranked between the choice and plan B meets the budget and fits at its high end
     before = list(s.selection.order[: list(s.selection.order).index(fallback)])
     for r in before:
-        if r != chosen and s.selection.status[r] in FEASIBLE:
+        if r != chosen and s.selection.status[r] in MEETS_BUDGET:
             assert high[r] > limit[r], STATUSES[s.selection.status[r]]
     # with no model error the choice fits as it is: no plan B
     assert memory_fallback(s, chosen, memory_spread_bytes(s, (0.0, 0.0), widening)) is None
