@@ -27,7 +27,7 @@ from service.plans.enumerate import (
     enumerate_plans,
     outside_space,
 )
-from service.plans.select import GIB, STATUSES, Selection, select_plan
+from service.plans.select import GIB, STATUSES, Selection, objective_order, select_plan
 from service.spec import (
     Budget,
     ClusterSpec,
@@ -163,6 +163,18 @@ class PlanResult:
             "elapsed_s": self.elapsed_s,
             "params": self._ranking.estimates.params.summary(),
         }
+
+    @property
+    def tie_partner(self) -> Plan | None:
+        """What a first-hour A/B times beside the choice: the best plan on paper among the others in the
+        choice's tie group (the model's nominal best when the choice won the tie on risk); None when
+        nothing ties it."""
+        sel, est = self._ranking.selection, self._ranking.estimates
+        others = sel.ties[1:]
+        if sel.selected is None or len(others) == 0:
+            return None
+        best = int(objective_order(est, others, self.objective)[0])
+        return self._ranking.enumeration.plans.row(best)
 
     def why_not(self, plan: Plan) -> str:
         """Why `plan` was not selected (or that it was), with the numbers that decided it."""

@@ -46,6 +46,11 @@ class Source(BaseModel):
     flash_attention: bool = Field(
         True, description="Its attention kept no s×s scores (Workload.flash_attention); false = materialised."
     )
+    cudnn_attention: bool = Field(
+        False,
+        description="Its attention ran cuDNN's fused kernel (Workload.cudnn_attention): torch SDPA from "
+        "2.11; false = FlashAttention-2, what runs before 2026 ran (Transformer Engine: cuDNN regardless).",
+    )
 
 
 class Measured(BaseModel):
@@ -102,6 +107,11 @@ class Measurement(BaseModel):
     comm_overlap: bool = Field(False, description="Megatron-Core's pipeline/DP overlaps (Plan.comm_overlap).")
     tp_comm_overlap: bool = Field(False, description="Megatron-Core's TP overlap (Plan.tp_comm_overlap).")
     shard_group_size: int = Field(0, ge=0, description="ZeRO-3 shard group: FSDP's HSDP (0 = off).")
+    offload_optimizer: bool = Field(False, description="Optimizer on the host (Plan.offload_optimizer).")
+    offload_params: bool = Field(False, description="Parameters on the host (Plan.offload_params).")
+    zero_hpz_partition_size: int = Field(1, gt=0, description="ZeRO++ hpZ (Plan.zero_hpz_partition_size).")
+    zero_quantized_weights: bool = Field(False, description="ZeRO++ qwZ (Plan.zero_quantized_weights).")
+    zero_quantized_gradients: bool = Field(False, description="ZeRO++ qgZ (Plan.zero_quantized_gradients).")
     engine: Engine | None = Field(None, description="What ran it; default: its source's engine.")
     zero3_collectives: Literal["flat", "per_tensor_lists"] = Field(
         "flat", description="How its ZeRO-3 called collectives (Workload.zero3_collectives)."
@@ -129,7 +139,8 @@ class Measurement(BaseModel):
     def plan_fields(self) -> dict[str, Any]:
         keys: tuple[str, ...] = ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch", "grad_accum")
         keys += ("recompute", "sequence_parallel", "virtual_stages", "precision", "comm_overlap")
-        keys += ("tp_comm_overlap", "shard_group_size")
+        keys += ("tp_comm_overlap", "shard_group_size", "offload_optimizer", "offload_params")
+        keys += ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -175,6 +186,7 @@ def workload(ds: Dataset, row: Measurement) -> Workload:
         global_batch_sequences=row.global_batch,
         tokens_to_train=1e9,
         flash_attention=source.flash_attention,
+        cudnn_attention=source.cudnn_attention,
         fused_elementwise=source.fused_elementwise,
         zero3_collectives=row.zero3_collectives,
         selective_recompute=row.selective_recompute,

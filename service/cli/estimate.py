@@ -114,6 +114,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--no-flash-attention", action="store_true", help="Materialised attention scores (Megatron 2021-22).")
     a(
+        "--no-cudnn-attention",
+        action="store_true",
+        help="FlashAttention-2 instead of cuDNN's kernel on Hopper (torch SDPA before 2.11).",
+    )
+    a(
         "--fused-elementwise",
         action="store_true",
         help="Fused norm/rotary/SwiGLU kernels (Apex, TE, Liger, torch.compile); default: eager HF modules.",
@@ -238,6 +243,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         global_batch_sequences=batch,
         tokens_to_train=args.tokens_to_train,
         flash_attention=not args.no_flash_attention,
+        cudnn_attention=not args.no_cudnn_attention,
         fused_elementwise=args.fused_elementwise,
         selective_recompute=args.selective_recompute,
     )
@@ -269,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
         "global_batch_sequences": workload.batch_sequences,
         "tokens_to_train": workload.tokens_to_train,
         "flash_attention": workload.flash_attention,
+        "cudnn_attention": workload.cudnn_attention,
         "fused_elementwise": workload.fused_elementwise,
         "selective_recompute": workload.selective_recompute,
         "memory_headroom": args.headroom,

@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Checkpoint write floor (default: the goodput model's).",
     )
     a("--message-mib", type=positive_float, help="Collective buffer size (default 8 MiB CPU, 256 MiB GPU).")
+    a(
+        "--compare",
+        metavar="PLAN",
+        help="A/B: run this plan too for the same steps ('tie': the best on paper among the choice's ties).",
+    )
     a("--no-track", action="store_true", help="Do not log the run to MLflow.")
     a("--json", action="store_true", help="Print one JSON document on stdout.")
 
@@ -66,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         params=args.params,
         overrides=overrides,
         message_mib=args.message_mib,
+        compare=args.compare,
         track=not args.no_track,
         log=sys.stderr,
     )

@@ -151,6 +151,9 @@ def effective_gpu(gpu: GPUSpec, params: ModelParams) -> GPUSpec:
     return gpu.model_copy(
         update={
             "gemm_efficiency_max": min(1.0, gpu.gemm_efficiency_max * params["gemm_efficiency_scale"]),
+            "fp8_gemm_efficiency_max": None
+            if gpu.fp8_gemm_efficiency_max is None
+            else min(1.0, gpu.fp8_gemm_efficiency_max * params["gemm_efficiency_scale"]),
             "attention_efficiency": min(1.0, gpu.attention_efficiency * params["attention_efficiency_scale"]),
             "fused_attention_efficiency": None
             if gpu.fused_attention_efficiency is None
@@ -178,6 +181,10 @@ def _times(
     gemm_peak, gemm_d = fp8.gemm_peak_flops(p.precision, gpu, peak), fp8.gemm_operand_bytes(p.precision, d)
     tokens = p.micro_batch * s / p.cp  # a context-parallel rank's share (costmodel/context.py)
     layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage sets the pace
+    # Transformer Engine stacks on Hopper-class GPUs (those whose catalog entry has cuDNN's fused
+    # attention) sustain their own share of the GEMM rate: `te_gemm_scale`, fitted on NVIDIA's TE recipes.
+    te_hopper = p.engine_column("transformer_engine") & (gpu.fused_attention_efficiency is not None)
+    gemm_peak = gemm_peak * np.where(te_hopper, params["te_gemm_scale"], 1.0)
     gemm = compute.layer_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
     flash = workload.flash_attention
     ring = context.is_ring(p.engine)
@@ -186,11 +193,13 @@ def _times(
     attention_layer = compute.attention_time_forward_s(
         model, tokens, s, p.tp, gpu, peak, d, flash, kernel_seq
     )
-    # Megatron-Core runs Transformer Engine's attention, cuDNN's fused kernel: on Hopper faster than the
-    # FlashAttention-2 the catalog's attention_efficiency describes (same FLOPs, forward and backward).
+    # Megatron-Core runs Transformer Engine's attention, cuDNN's fused kernel, and so does torch's SDPA
+    # from torch 2.11 (Workload.cudnn_attention): on Hopper faster than the FlashAttention-2 the catalog's
+    # attention_efficiency describes (same FLOPs, forward and backward).
     if flash and gpu.fused_attention_efficiency is not None:
-        te_speedup = gpu.fused_attention_efficiency / gpu.attention_efficiency
-        attention_layer = attention_layer / np.where(p.engine_column("transformer_engine"), te_speedup, 1.0)
+        speedup = gpu.fused_attention_efficiency / gpu.attention_efficiency
+        cudnn = p.engine_column("transformer_engine") | workload.cudnn_attention
+        attention_layer = attention_layer / np.where(cudnn, speedup, 1.0)
     attention = attention_layer * layers
     # Transformer Engine layers (Megatron-Core) fuse their element-wise ops whatever the workload says.
     fused = workload.fused_elementwise | p.engine_column("transformer_engine")

@@ -37,9 +37,12 @@ def is_fp8(precision: Num) -> np.ndarray:
 
 
 def gemm_peak_flops(precision: Num, gpu: GPUSpec, peak_flops: Num) -> Num:
-    """The tensor-core rate of the block GEMMs: FP8 for fp8 plans, `peak_flops` otherwise."""
+    """The tensor-core rate of the block GEMMs: FP8 for fp8 plans, `peak_flops` otherwise. FP8 GEMMs
+    reach a smaller share of their peak than bf16 GEMMs of theirs (`GPUSpec.fp8_gemm_efficiency_max`);
+    the rate is scaled so that the GEMM time, which applies `gemm_efficiency_max`, ends at that share."""
     fp8_peak = (gpu.peak_tflops_fp8 or gpu.peak_tflops_bf16) * 1e12
-    return np.where(is_fp8(precision), fp8_peak, peak_flops)
+    relative = (gpu.fp8_gemm_efficiency_max or gpu.gemm_efficiency_max) / gpu.gemm_efficiency_max
+    return np.where(is_fp8(precision), fp8_peak * relative, peak_flops)
 
 
 def gemm_operand_bytes(precision: Num, d: Num) -> Num:

@@ -77,6 +77,8 @@ def runs_document(
         "comm_overlap": plan.comm_overlap,
         "tp_comm_overlap": plan.tp_comm_overlap,
         "shard_group_size": plan.shard_group_size,
+        **{k: getattr(plan, k) for k in ("offload_optimizer", "offload_params", "zero_hpz_partition_size")},
+        **{k: getattr(plan, k) for k in ("zero_quantized_weights", "zero_quantized_gradients")},
         "engine": plan.engine,
         "zero3_collectives": workload.zero3_collectives,
         "selective_recompute": workload.selective_recompute,
@@ -99,6 +101,7 @@ def runs_document(
                 "metric": "tokens/s of the production worker's warm steps (step log, rank 0), per GPU",
                 "engine": plan.engine,
                 "flash_attention": workload.flash_attention,
+                "cudnn_attention": workload.cudnn_attention,
                 "fused_elementwise": workload.fused_elementwise,
             }
         },

@@ -7,9 +7,12 @@
    the busiest rank's peak memory are read from rank 0's step log.
 3. A second Ray Train job on the same workers (service/preflight/probe.py) times the collectives the
    plan uses, inside a node and across nodes, and a checkpoint load (the production run's) and save.
-4. The verdict: `GO`, or `NO-GO: <reasons>`; what was measured is written as a measured run
-   (`preflight_run.yaml`, the runs format `calibrate` reads) and as `preflight.json` in the output
-   folder.
+4. With `compare` (the memo's near-tie: "tie", or a plan label), the other plan runs the same steps
+   on the same workers: an A/B that says which of the two the cluster runs faster. It informs, it does
+   not vote: the verdict is the chosen plan's.
+5. The verdict: `GO`, or `NO-GO: <reasons>`; what was measured is written as measured runs
+   (`preflight_run.yaml`, the runs format `calibrate` reads: the chosen plan, and the A/B's other plan)
+   and as `preflight.json` in the output folder.
 
 Example:
     >>> result = Preflight("experiments/tiny-cpu.yaml", steps=5).fit()  # doctest: +SKIP
@@ -54,6 +57,7 @@ class PreflightResult:
     checkpoint: dict[str, Any]
     out_dir: str
     runs_file: str | None = None
+    ab: dict[str, Any] | None = None
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -95,6 +99,8 @@ class Preflight:
         overrides: threshold values replacing the defaults (`Thresholds` field names).
         message_mib: collective buffer size (default 8 MiB on CPU, 256 MiB on GPU: bandwidth-bound).
         repeats: timed calls per collective (after 3 warm-up calls).
+        compare: the A/B's other plan: "tie" (the best plan on paper among the others in the choice's
+            tie group, `PlanResult.tie_partner`), a plan label or a `Plan`; None: no A/B.
         track: log the production run to MLflow.
         keep_checkpoints: keep the run's checkpoint on the storage (default: removed once timed).
         log: where the thresholds and progress are written (None: nowhere).
@@ -112,6 +118,7 @@ class Preflight:
         overrides: dict[str, float | None] | None = None,
         message_mib: float | None = None,
         repeats: int | None = None,
+        compare: str | Plan | None = None,
         track: bool = True,
         keep_checkpoints: bool = False,
         log: TextIO | None = None,
@@ -143,6 +150,20 @@ class Preflight:
             progress=log is not None,
         )
         self.storage_path = self.production.storage_path
+        self.compare: ProductionRun | None = None
+        other = self._other_plan(spec, compare)
+        if other is not None:
+            self.compare = ProductionRun(
+                spec,
+                other,
+                steps=self.steps,
+                storage_path=storage_path,
+                run_name=f"{self.run_name}-ab",
+                checkpoint_every=self.steps,
+                max_failures=0,
+                track=track,
+                progress=log is not None,
+            )
         self.out_dir = Path(out_dir or repo_root() / "ray_results" / "preflight" / spec.name).resolve()
         self.thresholds: Thresholds = with_overrides(
             default_thresholds(self.experiment, self.plan, self.params), **(overrides or {})
@@ -151,6 +172,29 @@ class Preflight:
         self.message_bytes = int((message_mib or (256.0 if cuda else 8.0)) * MIB)
         self.repeats = repeats or (20 if cuda else 10)
         self.log, self.keep_checkpoints = log, keep_checkpoints
+
+    def _other_plan(self, spec: ExperimentSpec, compare: str | Plan | None) -> Plan | None:
+        """The A/B's other plan; a SpecError naming --compare where there is none or it is the choice."""
+        from service.planner import Planner
+        from service.train.production import choose_plan
+
+        if compare is None:
+            return None
+        if isinstance(compare, Plan):
+            other = compare
+        elif compare == "tie":
+            found = Planner(spec, top_k=0, params=self.params).fit().tie_partner
+            if found is None:
+                raise SpecError("--compare", "nothing ties the chosen plan: there is no A/B to run")
+            other = found
+        else:
+            try:
+                other = choose_plan(spec, compare)
+            except SpecError as e:
+                raise SpecError("--compare", e.message) from None
+        if other.short() == self.plan.short():
+            raise SpecError("--compare", f"{other.short()} is the plan under test; name another")
+        return other
 
     def _say(self, text: str) -> None:
         if self.log is not None:
@@ -183,15 +227,20 @@ class Preflight:
                 check()
             production = self.production.fit()
             probe = self._probe(Path(production.run_dir))
+            other = None
+            if self.compare is not None:
+                self._say(f"A/B: {self.compare.plan.short()} for the same {self.steps} steps")
+                other = self.compare.fit()
             if not self.keep_checkpoints:  # at full scale a checkpoint is the model state: TBs
-                for folder in Path(production.run_dir).glob("checkpoint_*"):
-                    shutil.rmtree(folder, ignore_errors=True)
+                for run in filter(None, (production, other)):
+                    for folder in Path(run.run_dir).glob("checkpoint_*"):
+                        shutil.rmtree(folder, ignore_errors=True)
         finally:
             if own_ray:
                 import ray
 
                 ray.shutdown()
-        return self._result(production, probe, time.monotonic() - started)
+        return self._result(production, probe, time.monotonic() - started, other)
 
     def _probe(self, run_dir: Path) -> dict[str, Any]:
         """Runs the collectives and checkpoint job; its JSON answer, or {"error": ...}."""
@@ -285,7 +334,34 @@ class Preflight:
             c["read_gb_per_s"] = c["bytes"] / c["load_s"] / 1e9
         return c
 
-    def _result(self, production: Any, probe: dict[str, Any], wall_s: float) -> PreflightResult:
+    def _ab(self, production: Any, other: Any) -> dict[str, Any]:
+        """The A/B's numbers: each plan's measured and predicted tokens/s, and which ran faster."""
+        mine, theirs = (_finite(r.last_metrics.get("tokens_per_s")) for r in (production, other))
+        ab: dict[str, Any] = {
+            "chosen": production.plan.short(),
+            "other": other.plan.short(),
+            "chosen_tokens_per_s": mine,
+            "other_tokens_per_s": theirs,
+            "chosen_predicted_tokens_per_s": _finite(production.last_metrics.get("predicted_tokens_per_s")),
+            "other_predicted_tokens_per_s": _finite(other.last_metrics.get("predicted_tokens_per_s")),
+            "other_status": other.status,
+            "other_reason": other.reason,
+            "other_run_dir": other.run_dir,
+        }
+        if mine and theirs:
+            ab["other_over_chosen"] = theirs / mine
+            faster, slower = (ab["other"], ab["chosen"]) if theirs > mine else (ab["chosen"], ab["other"])
+            ab["line"] = (
+                f"A/B: {faster} ran {abs(theirs / mine - 1):.1%} faster than {slower} "
+                f"({mine:,.0f} vs {theirs:,.0f} tokens/s, {ab['chosen']} first)"
+            )
+        else:
+            ab["line"] = f"A/B: {ab['other']} {other.status}: {other.reason or 'no tokens/s logged'}"
+        return ab
+
+    def _result(
+        self, production: Any, probe: dict[str, Any], wall_s: float, other: Any = None
+    ) -> PreflightResult:
         from service.train.proxy_scale import proxy_plan
         from service.train.run import read_log
 
@@ -328,6 +404,7 @@ class Preflight:
         reasons = failures(self.thresholds, measured)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         runs_file = None
+        ab = self._ab(production, other) if other is not None else None
         if prod["tokens_per_s"]:
             ran = proxy_plan(self.experiment, self.plan).precision
             document = runs_document(
@@ -340,6 +417,16 @@ class Preflight:
                 notes=f"{self.steps} steps, step time {prod['step_time_s']:.4g} s; "
                 f"verdict {verdict_line(reasons)}",
             )
+            if ab is not None and ab["other_tokens_per_s"]:
+                document["measurements"] += runs_document(
+                    self.experiment,
+                    other.plan,
+                    proxy_plan(self.experiment, other.plan).precision,
+                    ab["other_tokens_per_s"],
+                    run_id=f"{self.run_name}-ab",
+                    when=time.strftime("%Y-%m-%d %H:%M:%S"),
+                    notes=f"{self.steps} steps, the A/B beside {self.plan.short()}",
+                )["measurements"]
             runs_file = str(write_runs_file(document, self.out_dir))
         result = PreflightResult(
             experiment=self.experiment.name,
@@ -352,6 +439,7 @@ class Preflight:
             checkpoint=ckpt,
             out_dir=str(self.out_dir),
             runs_file=runs_file,
+            ab=ab,
             wall_s=wall_s,
             notes=notes,
         )
@@ -379,6 +467,8 @@ def main_line(result: PreflightResult) -> str:
             f"({c.get('write_gb_per_s', 0):.3g} GB/s, assumed {c['assumed_storage_gb_per_s']:.3g}), "
             f"load {c.get('load_s', float('nan')):.3g} s"
         )
+    if result.ab is not None:
+        lines.append(f"  {result.ab['line']}")
     if result.runs_file:
         lines.append(f"  measured run: {result.runs_file}")
     lines.append(result.verdict)

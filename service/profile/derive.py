@@ -97,6 +97,15 @@ def link_from_all_reduce(collectives: list[CollectiveResult], base: GPUSpec) -> 
     return latency_us, 1.0 / inverse_gb
 
 
+def fused_attention_override(base: GPUSpec, attention_efficiency: float) -> dict[str, float]:
+    """The profile timed SDPA's own choice of kernel: cuDNN's on Hopper from torch 2.11
+    (Workload.cudnn_attention). A measured rate at or above the catalog's cuDNN rate is that kernel's, so
+    the profiled spec's cuDNN rate is raised to it rather than applied a second time on top."""
+    if base.fused_attention_efficiency is None:
+        return {}
+    return {"fused_attention_efficiency": _round(max(base.fused_attention_efficiency, attention_efficiency))}
+
+
 def derive_overrides(
     kind: str,
     dtype: str,
@@ -131,6 +140,7 @@ def derive_overrides(
         for r, e in zip(at_head, implied, strict=True):
             fit[f"attention_efficiency_s{r.seq_len}_d{r.head_dim}"] = e
         overrides["attention_efficiency"] = _round(min(1.0, max(statistics.median(implied), 1e-4)))
+        overrides.update(fused_attention_override(base, overrides["attention_efficiency"]))
         fit["attention_backward_over_forward_median"] = statistics.median(
             r.backward_over_forward for r in at_head
         )

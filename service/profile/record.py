@@ -145,9 +145,13 @@ class Profile(BaseModel):
     def gpu_spec(self, base: GPUSpec | None = None) -> GPUSpec:
         """`base` (default: the catalog's `base_gpu`) with the measured fields, validated."""
         from service.catalog import load_gpu
+        from service.profile.derive import fused_attention_override
 
         base = base or load_gpu(self.base_gpu)
-        return validate_as(GPUSpec, {**base.model_dump(), **self.overrides}, "profile overrides")
+        overrides = dict(self.overrides)
+        if "attention_efficiency" in overrides and "fused_attention_efficiency" not in overrides:
+            overrides.update(fused_attention_override(base, overrides["attention_efficiency"]))
+        return validate_as(GPUSpec, {**base.model_dump(), **overrides}, "profile overrides")
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110)

@@ -44,6 +44,12 @@ def outputs(r: RunResult) -> list[Block]:
             "few steps and a checkpoint save and load, and says GO or NO-GO against the thresholds it "
             "prints first (the interval's low end, the memory limit, the assumed bandwidth and storage "
             "rate); what it measured is a runs file `calibrate` reads"
+            + (
+                "; `--compare tie` also runs the tie group's best plan on paper for the same steps: the A/B "
+                "the Ties section names, whose numbers join the runs file"
+                if r.ties is not None and len(r.ties.members) > 1
+                else ""
+            )
         )
     if r.deepspeed_command and r.deepspeed_command != r.launch_command:
         items.append(f"or with your own training script: `{r.deepspeed_command}`" + own_script_note(r))

@@ -46,6 +46,12 @@ class GPUSpec(BaseModel):
         description="CPU Adam step throughput available per GPU when the optimizer is offloaded (Gparam/s).",
     )
     gemm_efficiency_max: float = Field(gt=0, le=1, description="Fraction of peak a large GEMM reaches.")
+    fp8_gemm_efficiency_max: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of the FP8 peak a large FP8 GEMM reaches; None: as gemm_efficiency_max.",
+    )
     attention_efficiency: float = Field(gt=0, le=1, description="Fraction of peak fused attention reaches.")
     fused_attention_efficiency: float | None = Field(
         None,

@@ -36,6 +36,15 @@ class Workload(BaseModel):
         description="Fused attention that keeps no s×s scores (FlashAttention / SDPA); false = materialised "
         "scores and dropout masks, as in Megatron-LM 2021-22 (Korthikanti et al.'s formulas).",
     )
+    cudnn_attention: bool = Field(
+        True,
+        description="Attention runs cuDNN's fused kernel on GPUs that have one (catalog "
+        "fused_attention_efficiency: Hopper, Blackwell): torch's SDPA picks it by default from torch 2.11, "
+        "whose bundled cuDNN passes the >= 9.15 gate of check_prefer_cudnn_attention (aten sdp_utils.cpp), "
+        "and this service pins torch 2.13; false = FlashAttention-2, SDPA's default before (cuDNN was "
+        "opt-in after pytorch/pytorch#138522) and what the published runs ran. Transformer Engine stacks "
+        "run cuDNN's kernel whatever this says.",
+    )
     fused_elementwise: bool = Field(
         False,
         description="The model's element-wise ops run as fused kernels, one read and one write each (fused "

@@ -218,7 +218,7 @@ def test_fp8_precision_flag(capsys):
     flags = ["--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--zero", "1"]
     flags += ["--grad-accum", "32", "--seq-len", "8192", "--recompute", "selective"]
     bf16, fp8 = run_json(capsys, *flags), run_json(capsys, *flags, "--precision", "fp8")
-    assert fp8["plan"]["precision"] == "fp8" and fp8["tokens_per_s"] > 1.2 * bf16["tokens_per_s"]
+    assert fp8["plan"]["precision"] == "fp8" and fp8["tokens_per_s"] > 1.1 * bf16["tokens_per_s"]
     assert main(["estimate", *flags, "--gpu", "a100-sxm-80gb", "--precision", "fp8"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "--precision" in err and "no FP8 tensor cores" in err
@@ -229,6 +229,14 @@ def test_fused_elementwise_flag(capsys):
     eager, fused = run_json(capsys, *flags), run_json(capsys, *flags, "--fused-elementwise")
     assert eager["inputs"]["fused_elementwise"] is False and fused["inputs"]["fused_elementwise"] is True
     assert fused["time_breakdown_s"]["compute"] < eager["time_breakdown_s"]["compute"]
+
+
+def test_cudnn_attention_flag(capsys):
+    """Torch 2.13's SDPA runs cuDNN's attention on H100 by default; the flag prices FlashAttention-2."""
+    flags = ["--zero", "3", "--micro-batch", "1", "--grad-accum", "4", "--seq-len", "4096"]
+    cudnn, flash2 = run_json(capsys, *flags), run_json(capsys, *flags, "--no-cudnn-attention")
+    assert cudnn["inputs"]["cudnn_attention"] is True and flash2["inputs"]["cudnn_attention"] is False
+    assert cudnn["time_breakdown_s"]["compute"] < flash2["time_breakdown_s"]["compute"]
 
 
 def test_selective_recompute_flag(capsys):

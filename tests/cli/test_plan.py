@@ -56,7 +56,10 @@ def test_plan_json_has_the_contract_fields(capsys):
     assert len(data["ranked"]) == 3 and data["ranked"][0] == selected
     # The top plans tie (within the model's resolution of the cheapest): the safest leads them.
     dollars = [r["dollars"] for r in data["ranked"]]
-    assert max(dollars) / min(dollars) < 1.1 and [r["status"] for r in data["ranked"][1:]] == ["riskier"] * 2
+    assert max(dollars) / min(dollars) < 1.2 and {r["status"] for r in data["ranked"][1:]} <= {
+        "tied",
+        "riskier",
+    }
     assert "wins the tie" in data["message"]
     assert data["plans_evaluated"] == 2730 and data["candidates"] == 46200
     assert sum(data["rejected_counts"].values()) + 1 == data["candidates"]
@@ -169,7 +172,7 @@ def test_bad_input_subprocess_has_no_traceback(tmp_path):
 
 def test_plan_ranks_the_engines_the_experiment_lists(tmp_path, capsys):
     path = write_experiment(tmp_path, "engines", lambda d: d.update(engines=["megatron", "fsdp"]))
-    assert main(["plan", str(path), "--top", "1000", "--json"]) == 0
+    assert main(["plan", str(path), "--top", "100000", "--json"]) == 0
     ranked = json.loads(capsys.readouterr().out)["ranked"]
     engines = {r["plan"]["engine"] for r in ranked}
     assert engines == {"megatron", "fsdp"}  # no deepspeed plan: the experiment did not list it

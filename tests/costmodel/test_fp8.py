@@ -41,10 +41,11 @@ def test_fp8_needs_fp8_tensor_cores():
 def test_fp8_speeds_up_the_block_gemms_only():
     bf16, fp8 = _pair()
     t0, t1 = bf16.time_breakdown_s, fp8.time_breakdown_s
-    # Block GEMMs at twice the rate; attention core, LM head, norms stay bf16: between 1/2 and 1.
-    assert 0.5 < t1.compute / t0.compute < 0.8
+    # Block GEMMs at 1.6× the rate (0.80 of twice: fp8_gemm_efficiency_max); attention core, LM head,
+    # norms stay bf16: between 1/1.6 and 1.
+    assert 1 / 1.6 < t1.compute / t0.compute < 0.9
     assert t1.tp_comm == t0.tp_comm and t1.pp_comm == t0.pp_comm  # activations stay bf16
-    assert fp8.tokens_per_s > 1.2 * bf16.tokens_per_s
+    assert fp8.tokens_per_s > 1.1 * bf16.tokens_per_s  # tp and pp traffic stay bf16 and unhidden at the prior
     # MFU is quoted against the bf16 peak, so it rises with the speed-up.
     assert fp8.mfu / bf16.mfu == pytest.approx(fp8.tokens_per_s / bf16.tokens_per_s)
 

@@ -71,12 +71,12 @@ def test_comm_overlap_hides_interleaved_pipeline_sends_and_the_optimizer_gathers
 
 def test_megatron_runs_cudnn_attention_on_hopper_only():
     """TE's cuDNN attention is 0.53/0.35 of FlashAttention-2's time on H100 (catalog); on A100 there is
-    no faster kernel, and the DeepSpeed proxy runs SDPA's FlashAttention-2 everywhere. (The DeepSpeed
-    side is given fused element-wise kernels too, which TE's layers always have.)"""
+    no faster kernel. The DeepSpeed side runs SDPA's FlashAttention-2 (torch before 2.11:
+    `cudnn_attention` false) and is given fused element-wise kernels, which TE's layers always have."""
     h100, a100 = load_gpu("h100-sxm-80gb"), load_gpu("a100-sxm-80gb")
     assert h100.fused_attention_efficiency == 0.53 and a100.fused_attention_efficiency is None
     plan = Plan(tp=8, grad_accum=16, sequence_parallel=True)
-    fused = WORK.model_copy(update={"fused_elementwise": True})
+    fused = WORK.model_copy(update={"fused_elementwise": True, "cudnn_attention": False})
     ratio = {}
     for gpu in ("h100-sxm-80gb", "a100-sxm-80gb"):
         cluster = ClusterSpec(gpu=gpu, num_nodes=1)

@@ -54,7 +54,7 @@ def test_dataset_spans_sources_models_and_layouts(ds):
     assert len(rows) >= 30
     used = {r.source for r in rows}
     assert used == set(ds.sources) and len(used) >= 4
-    assert {r.gpu for r in rows} == {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb"}
+    assert {r.gpu for r in rows} == {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb"}
     assert {r.recompute for r in rows} == {"none", "selective", "full"}
     assert min(r.seq_len for r in rows) <= 512 and max(r.seq_len for r in rows) >= 32768
     assert any(r.tp > 1 and r.pp > 1 for r in rows) and any(r.zero_stage == 3 for r in rows)

@@ -11,6 +11,7 @@ import pytest
 from service.calibrate.crossval import calibrate
 from service.calibrate.runs import load_runs
 from service.costmodel.estimate import estimate
+from service.planner import Planner
 from service.preflight import collectives as coll
 from service.preflight.record import RUNS_FILE, runs_document, write_runs_file
 from service.preflight.verdict import (
@@ -133,6 +134,8 @@ def test_the_measured_run_loads_and_calibrates(tiny, tmp_path):
     )
     row = doc["measurements"][0]
     assert row["approximate"] and "fp32" in row["assumptions"][0]  # the CPU computed in fp32
+    # The run's attention kernel as the workload says (torch 2.13's SDPA: cuDNN's, where a GPU has it).
+    assert doc["sources"][row["source"]]["cudnn_attention"] is experiment.workload.cudnn_attention
     params, cv = calibrate([run], ModelParams(), PUBLISHED_FIT_PARAMS, name="pf", crossval=False)
     assert cv is None and params.fit_runs == 1 and params.fit_on == [row["source"]]
 
@@ -187,6 +190,12 @@ def test_invalid_input_exits_2(capsys):
 
     assert main(["preflight", TINY, "--plan", "dp9-nope"]) == 2
     assert "'dp9-nope' is not a valid plan" in capsys.readouterr().err
+    assert main(["preflight", TINY, "--compare", "dp9-nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --compare") and "'dp9-nope' is not a valid plan" in err
+    chosen = Planner(TINY).fit().selected.plan.short()
+    assert main(["preflight", TINY, "--compare", chosen]) == 2
+    assert "is the plan under test" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["preflight", TINY, "--steps", "0"])
     assert exit_.value.code == 2

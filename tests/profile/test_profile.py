@@ -229,3 +229,28 @@ def test_cuda_config_times_attention_up_to_64k_and_the_experiments_own_length():
 
     cfg = default_config("cuda", seq_len=3000)
     assert cfg.seq_lens == (1024, 2048, 3000, 4096, 8192, 16384, 32768, 65536)
+
+
+def test_a_hopper_profile_times_the_cudnn_kernel_sdpa_picks_and_does_not_speed_it_up_twice():
+    """The shipped H200 profile (torch 2.11): SDPA at 0.541 of peak, cuDNN's rate, so the profiled spec's
+    cuDNN rate is that measurement and `cudnn_attention` changes nothing on it."""
+    from pathlib import Path
+
+    from service.catalog import load_model
+    from service.costmodel import estimate
+    from service.profile.record import load_profile
+    from service.spec import ClusterSpec, Plan, Workload
+
+    shipped = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_profile.yaml"
+    spec = load_profile(shipped).gpu_spec()
+    assert spec.attention_efficiency == spec.fused_attention_efficiency == 0.541
+    cluster = ClusterSpec(gpu=spec, num_nodes=1)
+    work = Workload(seq_len=4096, global_batch_sequences=16, tokens_to_train=1e9)
+    plan, model = Plan(dp=8, zero_stage=3, grad_accum=2), load_model("llama2-13b")
+    times = [
+        estimate(
+            model, cluster, plan, work.model_copy(update={"cudnn_attention": c})
+        ).time_breakdown_s.compute
+        for c in (True, False)
+    ]
+    assert times[0] == pytest.approx(times[1])

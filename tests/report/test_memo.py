@@ -115,6 +115,7 @@ def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan
     # the first hour and the real fine-tune are in the outputs, with the commands that run them
     assert re.search(rf"python -m service preflight \S+exp\.yaml --plan {re.escape(sel_label)}` on", md)
     assert "--weights DIR --data FILES" in md
+    assert "`--compare tie` also runs the tie group's best plan on paper" in md  # the A/B, runnable
 
 
 def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path: Path) -> None:
