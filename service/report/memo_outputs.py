@@ -30,7 +30,7 @@ def outputs(r: RunResult) -> list[Block]:
     if r.launch_command and "service train" in r.launch_command:
         launch += (
             " — add `--weights DIR --data FILES` to fine-tune your own Hugging Face checkpoint on your "
-            "data (JSON lines, Parquet or Arrow; plans without tensor, pipeline or context parallelism), "
+            "data (JSON lines, Parquet or Arrow; plans without pipeline or context parallelism), "
             "with an evaluation split and the trained weights exported in Hugging Face format; without "
             "them it runs this plan from random initialisation on the experiment's `proxy.data` tokens, "
             "to prove the layout, memory and speed. It checkpoints at Young's interval and after the last "

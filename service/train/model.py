@@ -162,10 +162,19 @@ class _Stack(torch.nn.Module):
     recompute checkpoints every decoder layer (reentrant, so the meter sees what it keeps). With context
     parallelism the logits are this rank's chunk and `cp_group` tells `forward_loss` so."""
 
-    def __init__(self, stages: list[torch.nn.Module], recompute_full: bool, cp_group: Any = None):
+    def __init__(
+        self,
+        stages: list[torch.nn.Module],
+        recompute_full: bool,
+        cp_group: Any = None,
+        hf_model: torch.nn.Module | None = None,
+    ):
         super().__init__()
         self.stages = torch.nn.ModuleList(stages)
         self.recompute_full, self.cp_group = recompute_full, cp_group
+        # The LlamaForCausalLM whose modules the stages hold (its names and config are the checkpoint's,
+        # for `weights.export_hf`); kept outside the module tree so parameter names stay the stages'.
+        self.__dict__["hf_model"] = hf_model
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> torch.Tensor:
         hidden = input_ids
@@ -237,9 +246,15 @@ def _reentrant_checkpoint(function: Any, *args: torch.Tensor) -> Any:
     return checkpoint(function, *args, use_reentrant=True)
 
 
-def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+def build_model(
+    spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype, weights: str | None = None
+) -> tuple[torch.nn.Module, Any]:
     """The proxy model of `plan` as stages, and the DeepSpeed `mpu` that names its groups (tp > 1 or pp > 1;
     None for a `PipelineModule`, whose engine reads them from the module).
+
+    With `weights` (a local Hugging Face checkpoint; tp > 1, pp = 1, cp = 1 only) the tensor-parallel
+    model is the checkpoint's, each rank reading only its slices (`weights.load_tensor_parallel`), and
+    the stack keeps the LlamaForCausalLM (`hf_model`) for the export.
 
     The full model is built on every rank with the same seed (so the weights equal a tp = pp = 1 run's);
     each TP rank keeps its slices (`apply_tensor_parallel`) and, with pp > 1, each stage its own layers
@@ -257,21 +272,28 @@ def build_model(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> t
         raise ValueError(
             "pipeline or tensor-parallel proxies of models with tied embeddings are not supported"
         )
+    if weights is not None and (plan.tp == 1 or plan.pp > 1 or plan.cp > 1):
+        raise ValueError(f"weights load into tensor-parallel stacks with pp = cp = 1, not {plan.short()}")
     if plan.cp > 1:
         return _build_context_parallel(spec, seed, plan, dtype)
     topology = PipeModelDataParallelTopology(num_pp=plan.pp, num_mp=plan.tp, num_dp=plan.dp)
     grid = PipelineParallelGrid(topology=topology)
-    lm = build_causal_lm(spec, seed, dtype)
-    sp_group = None
-    if plan.tp > 1:
-        sp_group = grid.get_slice_parallel_group() if plan.sequence_parallel else None
-        apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
+    sp_group = grid.get_slice_parallel_group() if plan.tp > 1 and plan.sequence_parallel else None
+    if weights is not None:  # the checkpoint's slices, already tensor-parallel
+        from service.train.weights import load_tensor_parallel
+
+        lm = load_tensor_parallel(weights, grid.get_slice_parallel_group(), plan.sequence_parallel, dtype)
+    else:
+        lm = build_causal_lm(spec, seed, dtype)
+        if plan.tp > 1:
+            apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
     if plan.recompute == "selective":
         apply_recompute(lm, "selective")
     shards = plan.tp if sp_group is not None else 1
     stages = [_Embed(lm, sp_group), *(_Layer(lm, i, shards) for i in range(spec.num_layers)), _Head(lm)]
     if plan.pp == 1:
-        return _Stack(stages, recompute_full=plan.recompute == "full"), grid
+        hf_model = lm if weights is not None else None
+        return _Stack(stages, recompute_full=plan.recompute == "full", hf_model=hf_model), grid
     pipeline = PipelineModule(
         layers=stages,
         topology=topology,

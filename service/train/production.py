@@ -255,7 +255,7 @@ class ProductionRun:
                 if value is not None:
                     raise SpecError(flag, "needs --weights (the checkpoint to fine-tune, with its tokenizer)")
             return None
-        weights.check_layout(self.plan)
+        weights.check_layout(self.plan, proxy_model(self.experiment))
         weights.check_checkpoint(self.weights, proxy_model(self.experiment), proxy_seq_len(self.experiment))
         if self.eval_every < 0:
             raise SpecError("--eval-every", f"must be positive, got {self.eval_every}")

@@ -1,7 +1,7 @@
 """Fine-tuning the user's own weights: a local Hugging Face checkpoint folder in, the trained weights out.
 
-- `check_layout` / `check_checkpoint`: refused in one line before anything starts (a tensor- or
-  pipeline-parallel plan; a missing folder, config.json, weights file or tokenizer; a config that does
+- `check_layout` / `check_checkpoint`: refused in one line before anything starts (a pipeline- or
+  context-parallel plan; a missing folder, config.json, weights file or tokenizer; a config that does
   not match the experiment's model; a sequence length beyond the checkpoint's positions).
 - `load_causal_lm` (on every worker): `AutoModelForCausalLM.from_pretrained` for the plan's layout. Under
   ZeRO-3 it goes through DeepSpeed's own path for Hugging Face models: a `HfDeepSpeedConfig` (or, where
@@ -9,8 +9,16 @@
   alive, so `from_pretrained` builds the model inside `deepspeed.zero.Init` (every parameter partitioned
   as it is made) and copies the checkpoint in one module at a time from rank 0; no rank holds the whole
   model. ZeRO 0-2 replicate the model on every rank anyway, so each rank loads it whole.
+- `load_tensor_parallel` (tp > 1, pp = cp = 1; with or without sequence parallelism): the service's
+  own tensor-parallel model (`service.train.model.build_model`) built on the meta device from the
+  checkpoint's config, then each rank reads only what it keeps with safetensors' lazy
+  `safe_open(...).get_slice`: its rows of the column-parallel weights (q/k/v, gate/up, lm_head: the
+  output dimension) and its columns of the row-parallel ones (o_proj, down_proj: the input dimension);
+  the embedding, the norms (and a row-parallel layer's bias) whole, as the service's TP layers hold them.
 - `export_hf` (on every worker, after the last step): the trained weights gathered one parameter at a
-  time onto rank 0 (`deepspeed.zero.GatheredParameters`; a no-op below ZeRO-3) in the dtype the engine
+  time onto rank 0 (`deepspeed.zero.GatheredParameters`; a no-op below ZeRO-3; with tensor parallelism
+  each sharded parameter all-gathered over its TP group along the dimension it was split on and named as
+  in the checkpoint, `tensor_parallel_state_dict`) in the dtype the engine
   computes in (bf16/fp16 plans: 16-bit, as DeepSpeed's `save_16bit_model` writes; an fp32 CPU run: fp32),
   written by `save_pretrained` with the checkpoint's tokenizer into a temporary folder renamed into place,
   so `hf_model/` is either complete or absent.
@@ -58,13 +66,20 @@ class FineTune(BaseModel):
     export_dir: str  # where the trained weights go (`<run_dir>/hf_model`)
 
 
-def check_layout(plan: Plan) -> None:
-    """Weights load into data-parallel (ZeRO 0-3) layouts only, for now."""
-    if plan.tp > 1 or plan.pp > 1 or plan.cp > 1:
+def check_layout(plan: Plan, model: ModelSpec | None = None) -> None:
+    """Weights load into data-parallel (ZeRO 0-3) and tensor-parallel layouts; not yet into pipeline
+    stages or context-parallel ones, nor a tied embedding into tensor-parallel ones."""
+    if model is not None and model.tie_word_embeddings and plan.tp > 1:
         raise SpecError(
             "--weights",
-            f"loading weights into tensor/pipeline layouts is not supported yet (plan {plan.short()} has "
-            f"tp={plan.tp}, pp={plan.pp}, cp={plan.cp}); pick a plan with tp=1, pp=1, cp=1",
+            f"the model ties its embeddings (model.tie_word_embeddings), which the tensor-parallel layers "
+            f"do not split (plan {plan.short()} has tp={plan.tp}); pick a plan with tp=1",
+        )
+    if plan.pp > 1 or plan.cp > 1:
+        raise SpecError(
+            "--weights",
+            f"loading weights into pipeline/context-parallel layouts is not supported yet (plan "
+            f"{plan.short()} has pp={plan.pp}, cp={plan.cp}); pick a plan with pp=1, cp=1",
         )
 
 
@@ -189,6 +204,150 @@ def gathered_state_dict(module: torch.nn.Module, rank: int) -> dict[str, torch.T
     return state
 
 
+class CheckpointReader:
+    """Lazy reads from a checkpoint's safetensors file(s) (`model.safetensors`, or the shards that
+    `model.safetensors.index.json` names): a whole tensor, or one rank's slice of it along a dimension,
+    read with `safe_open(...).get_slice` so that only that slice leaves the file."""
+
+    def __init__(self, weights: str | Path):
+        self.folder = Path(weights)
+        index = self.folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+            self.files = dict(weight_map)
+        else:
+            from safetensors import safe_open
+
+            with safe_open(str(self.folder / "model.safetensors"), framework="pt") as f:
+                self.files = dict.fromkeys(f.keys(), "model.safetensors")
+        self._open: dict[str, Any] = {}
+
+    def _handle(self, name: str) -> Any:
+        from safetensors import safe_open
+
+        if name not in self.files:
+            raise KeyError(f"{self.folder} has no tensor {name!r}")
+        file = self.files[name]
+        if file not in self._open:
+            self._open[file] = safe_open(str(self.folder / file), framework="pt")
+        return self._open[file]
+
+    def read(
+        self, name: str, dtype: torch.dtype, dim: int | None = None, rank: int = 0, parts: int = 1
+    ) -> torch.Tensor:
+        """Tensor `name` in `dtype`: whole (`dim` None), else chunk `rank` of `parts` equal chunks along
+        `dim` (what `torch.chunk` gives, as the service's TP layers split)."""
+        piece = self._handle(name).get_slice(name)
+        if dim is None:
+            return piece[:].to(dtype).contiguous()  # type: ignore[no-any-return]
+        size = piece.get_shape()[dim]
+        if size % parts:
+            raise ValueError(f"{name}: dimension {dim} ({size}) is not divisible by tp {parts}")
+        step = size // parts
+        index = [slice(None)] * len(piece.get_shape())
+        index[dim] = slice(rank * step, (rank + 1) * step)
+        return piece[tuple(index)].to(dtype).contiguous()  # type: ignore[no-any-return]
+
+
+def tensor_parallel_shards(lm: torch.nn.Module) -> dict[str, tuple[int, Any]]:
+    """{parameter name: (dimension it is split on, TP group)} for the sharded parameters of a model
+    whose linears `apply_tensor_parallel` replaced: column-parallel weight and bias on dim 0 (output
+    features), row-parallel weight on dim 1 (input features); a row-parallel bias and everything else
+    is whole on every rank."""
+    from service.train import tensor_parallel as tpl
+
+    shards: dict[str, tuple[int, Any]] = {}
+    for prefix, module in lm.named_modules():
+        if isinstance(module, tpl.ColumnParallelLinear):
+            shards[f"{prefix}.weight"] = (0, module.group)
+            if module.bias is not None:
+                shards[f"{prefix}.bias"] = (0, module.group)
+        elif isinstance(module, tpl.RowParallelLinear):
+            shards[f"{prefix}.weight"] = (1, module.group)
+    return shards
+
+
+def _set_param(lm: torch.nn.Module, name: str, value: torch.Tensor, tensor_parallel: bool) -> None:
+    owner, _, leaf = name.rpartition(".")
+    module = lm.get_submodule(owner)
+    param = torch.nn.Parameter(value, requires_grad=getattr(module, leaf).requires_grad)
+    if tensor_parallel:
+        param.tensor_model_parallel = True  # type: ignore[attr-defined]
+    setattr(module, leaf, param)
+
+
+def load_tensor_parallel(
+    weights: str, group: Any, sequence_parallel: bool, dtype: torch.dtype
+) -> torch.nn.Module:
+    """The checkpoint as the service's tensor-parallel LlamaForCausalLM (`apply_tensor_parallel` over
+    `group`), each rank holding only its slices, read lazily from the safetensors file(s).
+
+    The model is made on the meta device from the checkpoint's config (no random initialisation, no
+    whole matrices); the parameters every rank holds whole (embedding, norms, any row-parallel bias)
+    are read before `apply_tensor_parallel`, so that the sequence-parallel gradient hooks it registers
+    on them hold; the sharded ones (marked `tensor_model_parallel`, as the TP layers mark theirs) after."""
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from service.train.model import ATTN_IMPLEMENTATION, apply_tensor_parallel
+
+    config = AutoConfig.from_pretrained(weights)
+    config.use_cache = False
+    if getattr(config, "tie_word_embeddings", False):
+        raise ValueError(f"{weights}: tensor-parallel fine-tuning of tied embeddings is not supported")
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
+    lm.config.use_cache = False
+    rotary = lm.model.rotary_emb
+    lm.model.rotary_emb = type(rotary)(config=lm.config)  # real (CPU) rotary tables; no parameters
+
+    reader = CheckpointReader(weights)
+    rank, parts = dist.get_rank(group=group), dist.get_world_size(group=group)
+    sharded = {"lm_head.weight", "lm_head.bias"}  # what apply_tensor_parallel will split
+    for i in range(len(lm.model.layers)):
+        column = [f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")] + ["mlp.gate_proj", "mlp.up_proj"]
+        sharded |= {f"model.layers.{i}.{m}.{p}" for m in column for p in ("weight", "bias")}
+        sharded |= {f"model.layers.{i}.{m}.weight" for m in ("self_attn.o_proj", "mlp.down_proj")}
+    for name, _ in list(lm.named_parameters()):
+        if name not in sharded:
+            _set_param(lm, name, reader.read(name, dtype), tensor_parallel=False)
+    apply_tensor_parallel(lm, group, sequence_parallel)
+    shards = tensor_parallel_shards(lm)
+    if not set(shards) <= sharded:
+        raise RuntimeError(f"unexpected tensor-parallel parameters: {sorted(set(shards) - sharded)}")
+    for name, (dim, _) in shards.items():
+        _set_param(lm, name, reader.read(name, dtype, dim, rank, parts), tensor_parallel=True)
+    left = [n for n, t in (*lm.named_parameters(), *lm.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"{weights}: not loaded into the tensor-parallel model: {', '.join(left)}")
+    return lm
+
+
+def tensor_parallel_state_dict(lm: torch.nn.Module, rank: int) -> dict[str, torch.Tensor]:
+    """The full parameters of a tensor-parallel model on rank 0 (CPU copies, the checkpoint's names),
+    each sharded one all-gathered over its TP group along its split dimension; other ranks return {}
+    (every rank must call it: each gather is a collective of its TP group)."""
+    import torch.distributed as dist
+
+    shards = tensor_parallel_shards(lm)
+    state: dict[str, torch.Tensor] = {}
+    for name, param in lm.named_parameters():
+        value = param.detach()
+        if name in shards:
+            dim, group = shards[name]
+            parts = [torch.empty_like(value) for _ in range(dist.get_world_size(group=group))]
+            dist.all_gather(parts, value.contiguous(), group=group)
+            value = torch.cat(parts, dim=dim)
+        if rank == 0:
+            state[name] = value.to("cpu", copy=True)
+    if rank == 0:
+        persistent = lm.state_dict().keys()
+        for name, buf in lm.named_buffers():
+            if name in persistent:
+                state[name] = buf.detach().to("cpu", copy=True)
+    return state
+
+
 def probe_logits(module: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Logits of `module` on `input_ids` (every rank must call it under ZeRO-3)."""
     was_training = module.training
@@ -208,14 +367,18 @@ def export_hf(engine: Any, finetune: FineTune, rank: int, probe: torch.Tensor | 
 
     module = engine.module
     logits = probe_logits(module, probe.to(engine.device)) if probe is not None else None
-    state = gathered_state_dict(module, rank)
+    lm = getattr(module, "hf_model", None)  # the tensor-parallel stack's LlamaForCausalLM (model.py)
+    if lm is not None:
+        state = tensor_parallel_state_dict(lm, rank)
+    else:
+        lm, state = module, gathered_state_dict(module, rank)
     if rank == 0:
         from transformers import AutoTokenizer
 
         out = Path(finetune.export_dir)
         partial = out.with_name(out.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        module.save_pretrained(str(partial), state_dict=state)
+        lm.save_pretrained(str(partial), state_dict=state)
         AutoTokenizer.from_pretrained(finetune.weights).save_pretrained(str(partial))
         shutil.rmtree(out, ignore_errors=True)
         partial.rename(out)

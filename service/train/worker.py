@@ -61,7 +61,8 @@ Reporter = Callable[[dict[str, Any], str | None], None]
 
 def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str, Any]]:
     """DeepSpeed engine for the plan: a PipelineEngine when pp > 1, an engine around the tensor-parallel
-    stages when tp > 1 (with their topology as `mpu`), else an engine around the HF model."""
+    stages when tp > 1 (with their topology as `mpu`; fine-tuning: the checkpoint's slices), else an
+    engine around the HF model."""
     import deepspeed
 
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
@@ -70,7 +71,8 @@ def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str
     dtype = torch.float16 if ds_config["fp16"]["enabled"] else dtype
     mpu = None
     if cfg.plan.pp > 1 or cfg.plan.tp > 1 or cfg.plan.cp > 1:
-        model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype)
+        weights = cfg.finetune.weights if cfg.finetune is not None else None  # tp > 1 only (check_layout)
+        model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype, weights)
     elif cfg.finetune is not None:  # the user's checkpoint (partitioned at load under ZeRO-3)
         model = load_causal_lm(cfg.finetune.weights, ds_config, dtype)
         apply_recompute(model, cfg.plan.recompute)

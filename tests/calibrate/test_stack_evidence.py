@@ -87,7 +87,7 @@ def test_the_shipped_scatter_is_the_one_its_runs_give():
     params = load_params()
     errors = np.array([r.error for r in params.runs])
     log_res = -np.log1p(errors)  # log(measured / predicted)
-    assert len(params.runs) == params.fit_runs == 168
+    assert len(params.runs) == params.fit_runs == 158
     assert params.residuals.scatter == pytest.approx(
         offset_free_scatter(log_res, [r.source for r in params.runs])
     )

@@ -54,7 +54,7 @@ def test_dataset_spans_sources_models_and_layouts(ds):
     assert len(rows) >= 30
     used = {r.source for r in rows}
     assert used == set(ds.sources) and len(used) >= 4
-    assert {r.gpu for r in rows} == {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb"}
+    assert {r.gpu for r in rows} == {"a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb"}
     assert {r.recompute for r in rows} == {"none", "selective", "full"}
     assert min(r.seq_len for r in rows) <= 512 and max(r.seq_len for r in rows) >= 32768
     assert any(r.tp > 1 and r.pp > 1 for r in rows) and any(r.zero_stage == 3 for r in rows)
@@ -231,3 +231,21 @@ def test_per_stack_reports_bias_scatter_and_coverage():
     assert out["b"]["bias_log"] == pytest.approx(0.0, abs=1e-12)
     assert out["b"]["scatter_after_offset"] == pytest.approx(np.log(1.05))
     assert out["b"]["coverage_80"] == 0.5 and out["b"]["sources"] == ["s2", "s3"]
+
+
+def test_this_services_h200_proxy_rows_are_valid_runs_kept_out_of_the_fit(ds):
+    """benchmarks/published/service_h200_proxies.yaml: the project's own GPU measurements in the runs
+    format, every row a valid DeepSpeed plan the model prices; not in measurements.yaml (their timed steps
+    carried the activation meter's O(layers²) host cost)."""
+    from service.calibrate.fit import predict_runs
+    from service.calibrate.runs import load_dataset, load_runs
+    from service.spec.params import load_params
+
+    path = ROOT / "benchmarks" / "published" / "service_h200_proxies.yaml"
+    proxies = load_dataset(path)
+    assert {r.gpu for r in proxies.measurements} == {"h200-sxm-141gb"}
+    assert not {r.id for r in proxies.measurements} & {r.id for r in ds.measurements}
+    runs = load_runs(path)
+    predicted = predict_runs(runs, load_params())
+    assert np.all(np.isfinite(predicted)) and np.all(predicted > 0)
+    assert all(r.plan.engine == "deepspeed" and r.plan.num_gpus == 1 for r in runs)

@@ -5,6 +5,7 @@ run in the runs format `calibrate` reads, and the CLI's output and exit-status c
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -23,7 +24,7 @@ from service.preflight.verdict import (
     with_overrides,
 )
 from service.spec import ClusterSpec, Plan, load_experiment
-from service.spec.params import PUBLISHED_FIT_PARAMS, ModelParams, load_params
+from service.spec.params import PUBLISHED_FIT_PARAMS, ModelParams, load_params, save_params
 from service.train.production import choose_plan, full_scale
 
 TINY = "experiments/tiny-cpu.yaml"
@@ -138,6 +139,16 @@ def test_the_measured_run_loads_and_calibrates(tiny, tmp_path):
     assert doc["sources"][row["source"]]["cudnn_attention"] is experiment.workload.cudnn_attention
     params, cv = calibrate([run], ModelParams(), PUBLISHED_FIT_PARAMS, name="pf", crossval=False)
     assert cv is None and params.fit_runs == 1 and params.fit_on == [row["source"]]
+    # ... and re-plans: `plan --params` on the set fit on the cluster's own run names it and moves the
+    # measured plan's estimate towards what the cluster measured.
+    replanned = Planner(experiment, params=save_params(params, tmp_path / "pf.yaml"), top_k=0).fit()
+    assert replanned.selected is not None
+    assert replanned.to_dict()["params"]["name"] == "pf"
+    before = estimate(experiment.model, experiment.cluster, plan, experiment.workload).tokens_per_s
+    after = estimate(
+        experiment.model, experiment.cluster, plan, experiment.workload, params=params
+    ).tokens_per_s
+    assert abs(math.log(after / 3000.0)) < abs(math.log(before / 3000.0))
 
 
 def _fake_result(reasons: list[str]):
