@@ -197,11 +197,14 @@ def gathered_state_dict(module: torch.nn.Module, rank: int) -> dict[str, torch.T
             if rank == 0:
                 state[name] = param.detach().to("cpu", copy=True)
     if rank == 0:
-        persistent = module.state_dict().keys()
-        for name, buf in module.named_buffers():
-            if name in persistent:
-                state[name] = buf.detach().to("cpu", copy=True)
+        state.update(_persistent_buffers(module))
     return state
+
+
+def _persistent_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the buffers `state_dict` saves (rotary tables are not persistent)."""
+    persistent = module.state_dict().keys()
+    return {n: b.detach().to("cpu", copy=True) for n, b in module.named_buffers() if n in persistent}
 
 
 class CheckpointReader:
@@ -341,10 +344,7 @@ def tensor_parallel_state_dict(lm: torch.nn.Module, rank: int) -> dict[str, torc
         if rank == 0:
             state[name] = value.to("cpu", copy=True)
     if rank == 0:
-        persistent = lm.state_dict().keys()
-        for name, buf in lm.named_buffers():
-            if name in persistent:
-                state[name] = buf.detach().to("cpu", copy=True)
+        state.update(_persistent_buffers(lm))
     return state
 
 
