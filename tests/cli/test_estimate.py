@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -137,7 +136,7 @@ def test_model_yaml_path_errors_name_the_file(tmp_path, capsys):
 
 
 def test_estimate_subprocess_is_light_and_fast():
-    """No torch/ray/deepspeed in a fresh interpreter; imports well under a second."""
+    """No torch/ray/deepspeed in a fresh interpreter (torch alone takes seconds to import)."""
     code = (
         "import time; t0 = time.perf_counter()\n"
         "import sys, io, json, contextlib\n"
@@ -148,15 +147,11 @@ def test_estimate_subprocess_is_light_and_fast():
         "heavy = [m for m in ('torch', 'ray', 'deepspeed') if m in sys.modules]\n"
         "print(json.dumps({'rc': rc, 'heavy': heavy, 'start_s': start_s}))\n"
     )
-    started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    wall_s = time.perf_counter() - started
     seen = json.loads(proc.stdout)
+    # The heavy modules are what would make it slow; its start time is a benchmark's business
+    # (benchmarks/plan_speed.py), not a test's on 2 shared cores.
     assert seen["rc"] == 0 and seen["heavy"] == []
-    # ~0.3 s start and ~0.5 s in all when the machine is idle; the bounds only catch a heavy import
-    # (torch alone takes seconds), since timings on 2 shared cores are not behaviour.
-    assert seen["start_s"] < 3.0
-    assert wall_s < 10.0
 
 
 def test_engine_and_virtual_stages_flags(capsys):

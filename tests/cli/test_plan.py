@@ -148,13 +148,9 @@ def run_light(argv: list[str]) -> tuple[dict, float]:
 
 
 def test_plan_subprocess_is_light_and_fast():
-    """No torch/ray/deepspeed; imports (the start) well under a second, the whole command a few."""
-    seen, wall_s = run_light(["plan", str(EXPERIMENT), "--json"])
+    """No torch/ray/deepspeed in a fresh interpreter (torch alone takes seconds to import)."""
+    seen, _ = run_light(["plan", str(EXPERIMENT), "--json"])
     assert seen["rc"] == 0 and seen["heavy"] == []
-    # ~0.3 s start and ~0.5 s in all when the machine is idle; the bounds only catch a heavy import
-    # (torch alone takes seconds), since timings on 2 shared cores are not behaviour.
-    assert seen["start_s"] < 3.0
-    assert wall_s < 10.0
 
 
 def test_bad_input_subprocess_has_no_traceback(tmp_path):

@@ -118,7 +118,7 @@ def test_fit_classifies_outcomes_and_times_out_hangs(tmp_path: Path) -> None:
     started = time.monotonic()
     status, reason = _fit(_Trainer("hang"), 0.5, log)
     assert status == "hang" and "did not finish within 0.5 s" in reason
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # ended by the timeout, not by the 30 s hang
 
 
 class _Scaling:
@@ -152,7 +152,7 @@ def test_fit_ends_a_trial_whose_workers_are_never_placed_as_unschedulable(tmp_pa
         reason
         == "unschedulable: 2 workers of {'CPU': 1, 'GPU': 1.0, 'x': 1.0} each were not placed within 0.5 s"
     )
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # ended by the pending timeout, not by the 30 s run
 
 
 def test_fit_counts_the_hang_timeout_from_the_placement(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_fit_counts_the_hang_timeout_from_the_placement(tmp_path: Path) -> None:
     )
     elapsed = time.monotonic() - started
     assert status == "hang" and reason == "hang: the trial did not finish within 1 s"
-    assert 2.4 < elapsed < 6, elapsed
+    assert 2.4 < elapsed < 20, elapsed  # after placement + timeout, and not the 30 s run
     assert workers_placed(tmp_path, since=0.0) and workers_placed(tmp_path, since=2.0)
     assert not workers_placed(tmp_path, since=time.time() + 1)  # an earlier attempt's events do not count
 

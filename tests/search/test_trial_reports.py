@@ -34,7 +34,7 @@ def test_waits_until_the_trial_takes_the_report_and_gives_up_after_its_timeout()
     taker.start()
     started = time.monotonic()
     assert trial.wait_until_taken(queue, timeout_s=5.0)
-    assert 0.15 < time.monotonic() - started < 2.0
+    assert 0.15 < time.monotonic() - started < 4.5  # when taken, not at the 5 s timeout
     queue.put({"step": 2.0})  # nobody takes it (Tune stopped the trial): the wait ends, not the run
     assert not trial.wait_until_taken(queue, timeout_s=0.1)
 
