@@ -6,6 +6,8 @@
 - `collectives`: which collectives a plan uses, bus bandwidth (nccl-tests' definition) and the cost
   model's assumed figure.
 - `record`: the measured run in the runs format `calibrate` reads.
+- `ab`: the first-hour A/B (`--compare`): the other plan, and which of the two ran faster.
+- `result`: `PreflightResult` and its human summary.
 """
 
 from __future__ import annotations

@@ -25,13 +25,14 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from service.preflight import collectives as coll
+from service.preflight.ab import ab_summary, other_plan
 from service.preflight.probe import PROBE_FILE, probe_loop_per_worker
 from service.preflight.record import runs_document, write_runs_file
+from service.preflight.result import MIB, PreflightResult, finite, main_line
 from service.preflight.verdict import Thresholds, default_thresholds, failures, verdict_line, with_overrides
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
@@ -40,41 +41,7 @@ from service.spec.plan import Plan
 from service.spec.units import GIB
 
 RESULT_FILE = "preflight.json"
-MIB = 2**20
-
-
-@dataclass
-class PreflightResult:
-    """What the preflight decided and measured (`summary()` is the `--json` document)."""
-
-    experiment: str
-    plan: str
-    verdict: str
-    reasons: list[str]
-    thresholds: dict[str, Any]
-    production: dict[str, Any]
-    collectives: list[dict[str, Any]]
-    checkpoint: dict[str, Any]
-    out_dir: str
-    runs_file: str | None = None
-    ab: dict[str, Any] | None = None
-    wall_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def go(self) -> bool:
-        return not self.reasons
-
-    def summary(self) -> dict[str, Any]:
-        return {"go": self.go, **asdict(self)}
-
-
-def _finite(value: Any) -> float | None:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+__all__ = ["RESULT_FILE", "Preflight", "PreflightResult", "main_line"]
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
@@ -151,7 +118,7 @@ class Preflight:
         )
         self.storage_path = self.production.storage_path
         self.compare: ProductionRun | None = None
-        other = self._other_plan(spec, compare)
+        other = other_plan(spec, compare, self.plan, self.params)
         if other is not None:
             self.compare = ProductionRun(
                 spec,
@@ -172,29 +139,6 @@ class Preflight:
         self.message_bytes = int((message_mib or (256.0 if cuda else 8.0)) * MIB)
         self.repeats = repeats or (20 if cuda else 10)
         self.log, self.keep_checkpoints = log, keep_checkpoints
-
-    def _other_plan(self, spec: ExperimentSpec, compare: str | Plan | None) -> Plan | None:
-        """The A/B's other plan; a SpecError naming --compare where there is none or it is the choice."""
-        from service.planner import Planner
-        from service.train.production import choose_plan
-
-        if compare is None:
-            return None
-        if isinstance(compare, Plan):
-            other = compare
-        elif compare == "tie":
-            found = Planner(spec, top_k=0, params=self.params).fit().tie_partner
-            if found is None:
-                raise SpecError("--compare", "nothing ties the chosen plan: there is no A/B to run")
-            other = found
-        else:
-            try:
-                other = choose_plan(spec, compare)
-            except SpecError as e:
-                raise SpecError("--compare", e.message) from None
-        if other.short() == self.plan.short():
-            raise SpecError("--compare", f"{other.short()} is the plan under test; name another")
-        return other
 
     def _say(self, text: str) -> None:
         if self.log is not None:
@@ -334,31 +278,6 @@ class Preflight:
             c["read_gb_per_s"] = c["bytes"] / c["load_s"] / 1e9
         return c
 
-    def _ab(self, production: Any, other: Any) -> dict[str, Any]:
-        """The A/B's numbers: each plan's measured and predicted tokens/s, and which ran faster."""
-        mine, theirs = (_finite(r.last_metrics.get("tokens_per_s")) for r in (production, other))
-        ab: dict[str, Any] = {
-            "chosen": production.plan.short(),
-            "other": other.plan.short(),
-            "chosen_tokens_per_s": mine,
-            "other_tokens_per_s": theirs,
-            "chosen_predicted_tokens_per_s": _finite(production.last_metrics.get("predicted_tokens_per_s")),
-            "other_predicted_tokens_per_s": _finite(other.last_metrics.get("predicted_tokens_per_s")),
-            "other_status": other.status,
-            "other_reason": other.reason,
-            "other_run_dir": other.run_dir,
-        }
-        if mine and theirs:
-            ab["other_over_chosen"] = theirs / mine
-            faster, slower = (ab["other"], ab["chosen"]) if theirs > mine else (ab["chosen"], ab["other"])
-            ab["line"] = (
-                f"A/B: {faster} ran {abs(theirs / mine - 1):.1%} faster than {slower} "
-                f"({mine:,.0f} vs {theirs:,.0f} tokens/s, {ab['chosen']} first)"
-            )
-        else:
-            ab["line"] = f"A/B: {ab['other']} {other.status}: {other.reason or 'no tokens/s logged'}"
-        return ab
-
     def _result(
         self, production: Any, probe: dict[str, Any], wall_s: float, other: Any = None
     ) -> PreflightResult:
@@ -372,12 +291,12 @@ class Preflight:
             "status": production.status,
             "reason": production.reason,
             "steps": production.steps,
-            "tokens_per_s": _finite(m.get("tokens_per_s")),
-            "step_time_s": _finite(m.get("step_time_s")),
-            "peak_memory_bytes": _finite(m.get("measured_peak_memory_bytes_per_rank")),
+            "tokens_per_s": finite(m.get("tokens_per_s")),
+            "step_time_s": finite(m.get("step_time_s")),
+            "peak_memory_bytes": finite(m.get("measured_peak_memory_bytes_per_rank")),
             "peak_memory_bytes_by_rank": [row[-1] for row in by_rank] if by_rank else [],
-            "model_state_bytes": _finite(m.get("measured_model_state_bytes_per_rank")),
-            "predicted_tokens_per_s": _finite(m.get("predicted_tokens_per_s")),
+            "model_state_bytes": finite(m.get("measured_model_state_bytes_per_rank")),
+            "predicted_tokens_per_s": finite(m.get("predicted_tokens_per_s")),
             "final_loss": production.losses[-1] if production.losses else None,
             "run_dir": production.run_dir,
             "mlflow_run_id": production.mlflow_run_id,
@@ -404,7 +323,7 @@ class Preflight:
         reasons = failures(self.thresholds, measured)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         runs_file = None
-        ab = self._ab(production, other) if other is not None else None
+        ab = ab_summary(production, other) if other is not None else None
         if prod["tokens_per_s"]:
             ran = proxy_plan(self.experiment, self.plan).precision
             document = runs_document(
@@ -445,31 +364,3 @@ class Preflight:
         )
         (self.out_dir / RESULT_FILE).write_text(json.dumps(result.summary(), indent=2))
         return result
-
-
-def main_line(result: PreflightResult) -> str:
-    """The human summary: the measured numbers, then the verdict on the last line."""
-    p = result.production
-    lines = [f"plan {result.plan}: {p['status']}, {p['steps']} steps"]
-    if p["tokens_per_s"]:
-        lines.append(f"  tokens/s {p['tokens_per_s']:,.0f}  step {p['step_time_s']:.4g} s")
-    if p["peak_memory_bytes"]:
-        lines.append(f"  peak memory (busiest rank) {p['peak_memory_bytes'] / GIB:.2f} GiB")
-    for c in result.collectives:
-        lines.append(
-            f"  {c['op']:14s} {c['scope']:10s} n={c['group_size']}  bus {c['bus_gb_per_s']:.3g} GB/s "
-            f"(assumed {c['assumed_bus_gb_per_s']:.3g})"
-        )
-    c = result.checkpoint
-    if "save_s" in c:
-        lines.append(
-            f"  checkpoint {c.get('bytes', 0) / MIB:.1f} MiB: save {c['save_s']:.3g} s "
-            f"({c.get('write_gb_per_s', 0):.3g} GB/s, assumed {c['assumed_storage_gb_per_s']:.3g}), "
-            f"load {c.get('load_s', float('nan')):.3g} s"
-        )
-    if result.ab is not None:
-        lines.append(f"  {result.ab['line']}")
-    if result.runs_file:
-        lines.append(f"  measured run: {result.runs_file}")
-    lines.append(result.verdict)
-    return "\n".join(lines)
