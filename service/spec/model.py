@@ -6,8 +6,73 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.spec.errors import SpecError
+
 # More blocks than any model built; transformers builds per-layer lists from the count (hf_config.py).
 MAX_LAYERS = 10_000
+
+Router = Literal["dropless", "capacity"]
+
+
+class MoESpec(BaseModel):
+    """The mixture-of-experts layers of a transformer: which blocks route their tokens to experts, how
+    many experts each token visits, and how wide they are.
+
+    A MoE block replaces the dense MLP with `num_experts` routed expert MLPs (each of `mlp`'s kind and
+    `expert_ffn_hidden_size` wide), a linear router (h × num_experts, no bias: Mixtral, Qwen-MoE,
+    DeepSeek) that picks `experts_per_token` of them per token (Shazeer et al. 2017; Fedus et al. 2021,
+    Switch Transformer, §2.1), and `num_shared_experts` MLPs every token passes through (DeepSeekMoE, Dai
+    et al. 2024, §3.2; Qwen2-MoE). Block i (0-based) is a MoE block when i ≥ `first_dense_layers` and
+    (i + 1) is a multiple of `layer_frequency` (Qwen2-MoE's `decoder_sparse_step`, DeepSeek's
+    `first_k_dense_replace`); the others keep the dense MLP of `ffn_hidden_size`.
+
+    Router regimes: `dropless` (every token reaches its experts, whatever their load: MegaBlocks, Gale
+    et al. 2022; Megatron-Core's default), or `capacity` (each expert takes at most capacity_factor ×
+    tokens·k / experts tokens and drops the rest; GShard, Lepikhin et al. 2020, §2.2).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_experts: int = Field(ge=2, description="Routed experts per MoE block.")
+    experts_per_token: int = Field(ge=1, description="Routed experts each token visits (top-k).")
+    expert_ffn_hidden_size: int = Field(gt=0, description="Inner width of one routed expert's MLP.")
+    num_shared_experts: int = Field(0, ge=0, description="Experts every token passes through.")
+    shared_expert_ffn_hidden_size: int | None = Field(
+        None, gt=0, description="Inner width of one shared expert (default: expert_ffn_hidden_size)."
+    )
+    layer_frequency: int = Field(1, gt=0, description="Every n-th block is a MoE block (1 = all).")
+    first_dense_layers: int = Field(0, ge=0, description="Leading blocks that keep the dense MLP.")
+    router: Router = Field("dropless", description="dropless, or capacity (token dropping).")
+    capacity_factor: float | None = Field(
+        None, description="Expert capacity over the balanced share of tokens (router capacity only, ≥ 1)."
+    )
+
+    @model_validator(mode="after")
+    def _check_router(self) -> MoESpec:
+        if self.experts_per_token > self.num_experts:
+            k, e = self.experts_per_token, self.num_experts
+            raise SpecError("experts_per_token", f"{k} exceeds num_experts {e}")
+        if self.router == "capacity":
+            if self.capacity_factor is None:
+                raise SpecError("capacity_factor", "router 'capacity' needs a capacity factor (≥ 1)")
+            if not self.capacity_factor >= 1.0:
+                message = f"{self.capacity_factor} is below 1: experts would drop tokens even when balanced"
+                raise SpecError("capacity_factor", message)
+        elif self.capacity_factor is not None:
+            raise SpecError("capacity_factor", "only router 'capacity' drops tokens; 'dropless' has none")
+        return self
+
+    @property
+    def shared_width(self) -> int:
+        return self.shared_expert_ffn_hidden_size or self.expert_ffn_hidden_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        return index >= self.first_dense_layers and (index + 1) % self.layer_frequency == 0
+
+    def num_moe_layers(self, num_layers: int) -> int:
+        """Blocks i < num_layers with i ≥ first_dense_layers and (i + 1) a multiple of layer_frequency."""
+        f = self.layer_frequency
+        return max(0, num_layers // f - min(self.first_dense_layers, num_layers) // f)
 
 
 class ModelSpec(BaseModel):
@@ -43,6 +108,7 @@ class ModelSpec(BaseModel):
         description="Linear layers and LayerNorms carry bias vectors (GPT-2/3, Megatron's GPT); false = "
         "Llama style, no biases and RMSNorm.",
     )
+    moe: MoESpec | None = Field(None, description="Mixture-of-experts blocks; None = a dense model.")
 
     @model_validator(mode="after")
     def _check_heads(self) -> ModelSpec:
@@ -58,6 +124,10 @@ class ModelSpec(BaseModel):
                 f"num_attention_heads {self.num_attention_heads} is not divisible by "
                 f"num_key_value_heads {self.kv_heads}"
             )
+        if self.moe is not None and self.moe.num_moe_layers(self.num_layers) == 0:
+            first, every = self.moe.first_dense_layers, self.moe.layer_frequency
+            message = f"no MoE block among {self.num_layers} layers (first_dense_layers {first}, every {every})"
+            raise SpecError("moe.first_dense_layers", message)
         return self
 
     @property
@@ -106,9 +176,64 @@ class ModelSpec(BaseModel):
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
     @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.moe.num_moe_layers(self.num_layers)
+
+    @property
+    def expert_params_per_moe_layer(self) -> int:
+        """The routed experts of one MoE block (each an MLP of `mlp`'s kind)."""
+        if self.moe is None:
+            return 0
+        return self.moe.num_experts * self.mlp_matrices * self.hidden_size * self.moe.expert_ffn_hidden_size
+
+    @property
+    def shared_params_per_moe_layer(self) -> int:
+        """What every token of a MoE block passes through besides attention: the shared experts and the
+        router's h × num_experts matrix."""
+        if self.moe is None:
+            return 0
+        m, h = self.moe, self.hidden_size
+        return m.num_shared_experts * self.mlp_matrices * h * m.shared_width + h * m.num_experts
+
+    @property
+    def expert_params(self) -> int:
+        """All routed-expert parameters (what expert parallelism shards)."""
+        return self.num_moe_layers * self.expert_params_per_moe_layer
+
+    @property
     def num_params(self) -> int:
-        """All parameters: layers, embeddings and the final norm."""
-        return self.num_layers * self.params_per_layer + self.embedding_params + self.hidden_size
+        """All parameters: layers, embeddings and the final norm (every routed expert counted)."""
+        dense_layers = self.num_layers - self.num_moe_layers
+        blocks = self.num_layers * (self.attention_params_per_layer + 2 * self.hidden_size)
+        blocks += dense_layers * self.mlp_params_per_layer
+        blocks += self.num_moe_layers * (self.shared_params_per_moe_layer + self.expert_params_per_moe_layer)
+        return blocks + self.embedding_params + self.hidden_size
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: every routed expert but its top-k left out (the input
+        embedding is counted, as publishers count it: Mixtral 8x7B's 12.9B, DeepSeek-V3's 37B)."""
+        if self.moe is None:
+            return self.num_params
+        idle = self.moe.num_experts - self.moe.experts_per_token
+        per_expert = self.expert_params_per_moe_layer // self.moe.num_experts
+        return self.num_params - self.num_moe_layers * idle * per_expert
+
+    def dense_view(self) -> ModelSpec:
+        """This model with its routed experts taken out: what the dense cost terms price.
+
+        Every block keeps its attention and norms; its MLP becomes the mean over blocks of what every
+        token passes through outside the routed experts (the dense blocks' MLP, the MoE blocks' shared
+        experts and router), so the view holds `num_params − expert_params` parameters (to rounding of
+        the width) and its MLP matmul FLOPs per token are the model's outside the routed experts. The
+        routed experts are priced by service/costmodel/moe.py. A dense model is its own view.
+        """
+        if self.moe is None:
+            return self
+        dense_layers = self.num_layers - self.num_moe_layers
+        outside = dense_layers * self.mlp_params_per_layer + self.num_moe_layers * self.shared_params_per_moe_layer
+        width = max(1, round(outside / (self.num_layers * self.mlp_matrices * self.hidden_size)))
+        return self.model_copy(update={"moe": None, "ffn_hidden_size": width})
 
     def scaled(self, num_layers: int | None = None, hidden_scale: int = 1) -> ModelSpec:
         """A proxy of this model: fewer layers, and widths divided by `hidden_scale` (heads kept)."""
@@ -118,4 +243,15 @@ class ModelSpec(BaseModel):
         if hidden_scale != 1:
             changes["hidden_size"] = self.hidden_size // hidden_scale
             changes["ffn_hidden_size"] = self.ffn_hidden_size // hidden_scale
+            if self.moe is not None:
+                moe = self.moe.model_dump()
+                moe["expert_ffn_hidden_size"] = max(1, self.moe.expert_ffn_hidden_size // hidden_scale)
+                if self.moe.shared_expert_ffn_hidden_size:
+                    moe["shared_expert_ffn_hidden_size"] = max(1, self.moe.shared_width // hidden_scale)
+                changes["moe"] = moe
+        if num_layers is not None and self.moe is not None:
+            # A proxy keeps at least one MoE block: its leading dense blocks shrink with it.
+            moe = dict(changes.get("moe") or self.moe.model_dump())
+            moe["first_dense_layers"] = min(self.moe.first_dense_layers, max(0, num_layers - self.moe.layer_frequency))
+            changes["moe"] = moe
         return ModelSpec.model_validate({**self.model_dump(), **changes})
