@@ -41,11 +41,21 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("tp_comm_overlap without sequence_parallel", "tp_comm_overlap", "needs sequence_parallel"),
     ("virtual_stages without pp", "virtual_stages", "virtual_stages > 1 needs pp > 1"),
     ("virtual_stages without an interleaved schedule", "virtual_stages", "no interleaved pipeline schedule"),
+    ("expert_tp the engine lacks", "expert_tp", "splits experts over its TP ranks or not at all"),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
     ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
     ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
     ("pp exceeds layers", "pp", "exceeds num_layers"),
     ("pp·virtual_stages exceeds layers", "virtual_stages", "exceeds num_layers"),
+    ("ep on a dense model", "ep", "the model has no routed experts"),
+    ("expert_tp on a dense model", "expert_tp", "the model has no routed experts"),
+    ("ep does not divide the experts", "ep", "does not divide num_experts"),
+    ("expert_tp does not divide the expert width", "expert_tp", "does not divide expert_ffn_hidden_size"),
+    ("ZeRO stage too high with MoE blocks", "zero_stage", "with MoE blocks "),
+    ("MoE blocks with pp on an engine without it", "pp", "runs MoE blocks without a pipeline"),
+    ("router regime the engine lacks", "engine", "its MoE routers"),
+    ("ep does not divide dp", "ep", "data-parallel ranks"),
+    ("ep·expert_tp does not divide dp·cp·tp", "ep", "ranks of a pipeline stage"),
     ("hpZ group does not divide dp·cp", "zero_hpz_partition_size", "does not divide the"),
     ("shard group does not divide dp·cp", "shard_group_size", "does not divide the"),
     ("dp·tp·pp·cp is not the GPU count", "dp", "but the cluster has"),
@@ -56,9 +66,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-19 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-20 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:20])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:21])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -102,6 +112,32 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         p.tp_comm_overlap & ~p.sequence_parallel,
         (p.virtual_stages > 1) & (p.pp == 1),
         (p.virtual_stages > 1) & ~p.engine_column("interleaved_pipeline"),
+        (_expert_rule("expert_tp")[p.engine] == "one_or_tp") & (p.expert_tp != 1) & (p.expert_tp != p.tp),
+    ]
+
+
+def _expert_rule(field: str) -> np.ndarray:
+    """`field` of every engine's expert-parallel rule, indexed by engine code."""
+    return np.array([getattr(engine_rules(e).expert_parallel, field) for e in ENGINE_CODES])
+
+
+def _moe_rules(p: PlanTable, model: ModelSpec) -> list[np.ndarray]:
+    """`_moe_problem` (service/spec/plan.py) on columns."""
+    moe, none = model.moe, np.zeros(len(p), bool)
+    if moe is None:
+        return [p.ep > 1, p.expert_tp > 1, *[none] * 7]
+    fold = _expert_rule("fold_tensor_parallel")[p.engine]
+    router = np.array([moe.router in engine_rules(e).expert_parallel.routers for e in ENGINE_CODES])
+    return [
+        none,
+        none,
+        moe.num_experts % p.ep != 0,
+        moe.expert_ffn_hidden_size % p.expert_tp != 0,
+        p.zero_stage > _expert_rule("max_zero_stage")[p.engine],
+        (p.pp > 1) & ~_expert_rule("with_pipeline")[p.engine],
+        ~router[p.engine],
+        ~fold & (p.dp % p.ep != 0),
+        fold & ((p.dp * p.cp * p.tp) % (p.ep * p.expert_tp) != 0),
     ]
 
 
@@ -123,6 +159,7 @@ def problem_codes(
         heads_rule & ((model.num_attention_heads // p.tp) % p.cp != 0),
         p.pp > model.num_layers,
         p.pp * p.virtual_stages > model.num_layers,
+        *_moe_rules(p, model),
         (p.dp * p.cp) % p.zero_hpz_partition_size != 0,
         (p.shard_group_size > 0) & ((p.dp * p.cp) % np.maximum(p.shard_group_size, 1) != 0),
     ]

@@ -42,6 +42,27 @@ class ContextParallelRule(BaseModel):
     with_sequence_parallel: bool  # cp > 1 together with Megatron sequence parallelism
 
 
+class ExpertParallelRule(BaseModel):
+    """How an engine lays out a mixture-of-experts model's routed experts (`Plan.ep`, `Plan.expert_tp`).
+
+    Expert parallelism splits each MoE block's experts over `ep` ranks, which exchange the routed tokens
+    by all-to-all (Lepikhin et al. 2020, GShard, §2.2). `fold_tensor_parallel`: the expert layers get a
+    layout of their own over the same dp·cp·tp ranks of a pipeline stage, ep·expert_tp of them sharing
+    one copy of the experts (Megatron-Core's "MoE parallel folding"; torchtitan borrows the TP ranks
+    for EP when expert_tp is 1); otherwise the EP group is carved out of the data-parallel ranks alone
+    (ep divides dp, each TP rank keeping its own expert group: DeepSpeed's `groups.py`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fold_tensor_parallel: bool
+    expert_tp: Literal["one", "one_or_tp", "any"]  # allowed expert tensor-parallel sizes
+    max_zero_stage: int = Field(ge=0, le=3)  # highest ZeRO stage a MoE model runs with
+    with_pipeline: bool  # MoE blocks inside a pipeline (pp > 1)
+    routers: tuple[Literal["dropless", "capacity"], ...]  # router regimes the engine runs
+    a2a_overlap: bool  # dispatch and combine all-to-alls hidden behind other micro-batches' compute
+
+
 class EngineRules(BaseModel):
     """One engine's limits (the plan rules) and its ways of running a step (the cost model's switches)."""
 
@@ -64,6 +85,7 @@ class EngineRules(BaseModel):
     comm_overlap: bool  # Plan.comm_overlap allowed
     tp_comm_overlap: bool  # Plan.tp_comm_overlap allowed
     context_parallel: ContextParallelRule
+    expert_parallel: ExpertParallelRule
     # How it runs a step.
     vocab_parallel: bool  # embedding and loss split over the TP ranks
     transformer_engine: bool  # blocks built from Transformer Engine modules (saved tensors, fused attention)

@@ -39,6 +39,19 @@ class Plan(BaseModel):
         description="Context-parallel degree: each sequence split over cp ranks (DeepSpeed-Ulysses for "
         "deepspeed, ring attention for megatron and fsdp; see service/catalog/engines/).",
     )
+    ep: int = Field(
+        1,
+        gt=0,
+        description="Expert-parallel degree (MoE models): each MoE block's routed experts split over ep "
+        "ranks, which exchange the routed tokens by all-to-all; the ranks are the data-parallel ones, or "
+        "the dp·cp·tp ranks of a pipeline stage where the engine folds them (service/catalog/engines/).",
+    )
+    expert_tp: int = Field(
+        1,
+        gt=0,
+        description="Tensor-parallel degree inside each routed expert (Megatron-Core's "
+        "--expert-tensor-parallel-size; 1 or tp where the engine allows only those).",
+    )
     virtual_stages: int = Field(
         1,
         gt=0,
@@ -121,8 +134,8 @@ class Plan(BaseModel):
         return self.micro_batch * self.grad_accum * self.dp
 
     def short(self) -> str:
-        """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2` after
-        the pipeline when cp > 1; ZeRO++ and shard-group settings after the offloads; `-ovl` and `-tpo` for
+        """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2`, `-ep8`
+        and `-etp2` after the pipeline when above 1; ZeRO++ and shard-group settings after the offloads; `-ovl` and `-tpo` for
         Megatron-Core's overlaps, then `-fp8` last)."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         off += f"-hpz{self.zero_hpz_partition_size}" if self.zero_hpz_partition_size > 1 else ""
@@ -135,6 +148,8 @@ class Plan(BaseModel):
         sp += "-fp8" if self.precision == "fp8" else ""
         vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         vs += f"-cp{self.cp}" if self.cp > 1 else ""
+        vs += f"-ep{self.ep}" if self.ep > 1 else ""
+        vs += f"-etp{self.expert_tp}" if self.expert_tp > 1 else ""
         engine = "" if self.engine == "deepspeed" else f"{self.engine}:"
         return (
             f"{engine}dp{self.dp}-tp{self.tp}-pp{self.pp}{vs}-z{self.zero_stage}{off}-mb{self.micro_batch}"
@@ -165,6 +180,10 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "virtual_stages", "virtual_stages > 1 needs pp > 1"
     if plan.virtual_stages > 1 and not engine_rules(plan.engine).interleaved_pipeline:
         return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
+    expert_tp = engine_rules(plan.engine).expert_parallel.expert_tp
+    if expert_tp == "one_or_tp" and plan.expert_tp not in (1, plan.tp):
+        message = f"{plan.expert_tp}: {plan.engine} splits experts over its TP ranks or not at all; allowed: 1 or tp"
+        return "expert_tp", message
     return None
 
 
@@ -233,6 +252,39 @@ def _engine_problem(plan: Plan) -> tuple[str, str] | None:
     return None
 
 
+def _moe_problem(plan: Plan, model: ModelSpec) -> tuple[str, str] | None:
+    """Expert parallelism against the model's experts and the engine's MoE rule table.
+    `service/plans/rules.py` restates them on columns, in this order."""
+    moe = model.moe
+    if moe is None:
+        if plan.ep > 1:
+            return "ep", f"ep {plan.ep}: the model has no routed experts (a dense model); allowed: 1"
+        if plan.expert_tp > 1:
+            return "expert_tp", f"expert_tp {plan.expert_tp}: the model has no routed experts; allowed: 1"
+        return None
+    if moe.num_experts % plan.ep:
+        return "ep", f"ep {plan.ep} does not divide num_experts {moe.num_experts}"
+    if moe.expert_ffn_hidden_size % plan.expert_tp:
+        width = moe.expert_ffn_hidden_size
+        return "expert_tp", f"expert_tp {plan.expert_tp} does not divide expert_ffn_hidden_size {width}"
+    rule, name = engine_rules(plan.engine).expert_parallel, plan.engine
+    if plan.zero_stage > rule.max_zero_stage:
+        why = engine_rules(name).reason("expert_parallel", "")
+        allowed = engine_rules(name).stages_up_to(rule.max_zero_stage)
+        return "zero_stage", f"{why}; with MoE blocks {name} supports zero_stage {allowed} only"
+    if plan.pp > 1 and not rule.with_pipeline:
+        return "pp", f"{name} runs MoE blocks without a pipeline; with MoE blocks pp must be 1"
+    if moe.router not in rule.routers:
+        return "engine", f"{name} has no {moe.router} router; its MoE routers: {', '.join(rule.routers)}"
+    if not rule.fold_tensor_parallel and plan.dp % plan.ep:
+        return "ep", f"ep {plan.ep} does not divide the {plan.dp} data-parallel ranks ({name} carves EP from dp)"
+    stage_ranks = plan.dp * plan.cp * plan.tp
+    if rule.fold_tensor_parallel and stage_ranks % (plan.ep * plan.expert_tp):
+        folded = plan.ep * plan.expert_tp
+        return "ep", f"ep·expert_tp = {folded} does not divide the {stage_ranks} ranks of a pipeline stage (dp·cp·tp)"
+    return None
+
+
 def plan_problem(
     plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
 ) -> tuple[str, str] | None:
@@ -260,6 +312,9 @@ def plan_problem(
     if plan.pp * plan.virtual_stages > model.num_layers:
         chunks = plan.pp * plan.virtual_stages
         return "virtual_stages", f"pp·virtual_stages = {chunks} exceeds num_layers {model.num_layers}"
+    moe = _moe_problem(plan, model)
+    if moe:
+        return moe
     zero_ranks = plan.dp * plan.cp  # the ranks ZeRO shards over (costmodel/context.py)
     if zero_ranks % plan.zero_hpz_partition_size:
         hpz = plan.zero_hpz_partition_size

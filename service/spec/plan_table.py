@@ -43,6 +43,8 @@ class PlanTable:
     zero_quantized_gradients: np.ndarray  # ZeRO++ qgZ
     comm_overlap: np.ndarray  # Megatron-Core's pipeline and data-parallel overlaps (megatron only)
     tp_comm_overlap: np.ndarray  # Megatron-Core's TE-userbuffer TP overlap (megatron, with SP)
+    ep: np.ndarray  # expert-parallel degree (1 = every rank holds all routed experts)
+    expert_tp: np.ndarray  # tensor-parallel degree inside each routed expert
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -55,9 +57,9 @@ class PlanTable:
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
         """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` and
         `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed, the ZeRO++ and
-        shard-group columns and the Megatron overlaps to off."""
+        shard-group columns and the Megatron overlaps to off, `ep` and `expert_tp` to 1."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
-        ints |= {"virtual_stages", "engine", "cp", "zero_hpz_partition_size", "shard_group_size"}
+        ints |= {"virtual_stages", "engine", "cp", "zero_hpz_partition_size", "shard_group_size", "ep", "expert_tp"}
         n = len(np.asarray(cols["dp"]))
         cols.setdefault("virtual_stages", np.ones(n, dtype=np.int64))
         cols.setdefault("engine", np.zeros(n, dtype=np.int64))  # deepspeed
@@ -68,6 +70,8 @@ class PlanTable:
         cols.setdefault("zero_quantized_gradients", np.zeros(n, dtype=bool))
         cols.setdefault("comm_overlap", np.zeros(n, dtype=bool))
         cols.setdefault("tp_comm_overlap", np.zeros(n, dtype=bool))
+        cols.setdefault("ep", np.ones(n, dtype=np.int64))
+        cols.setdefault("expert_tp", np.ones(n, dtype=np.int64))
         return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
 
     @classmethod

@@ -22,11 +22,19 @@ from service.plans.enumerate import (
     zero_variants,
 )
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, check_plan, plan_problem
+from service.spec.engine import engine_rules
+from service.spec.model import MoESpec
 from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable, concat
 
 TINY = ModelSpec(
     name="tiny", num_layers=4, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
     ffn_hidden_size=344, vocab_size=512,
+)  # fmt: skip
+# Four capacity-routed experts 6 wide: ep 3 and expert_tp 4 do not divide them, and fsdp (dropless only)
+# refuses the router.
+TINY_MOE = TINY.model_copy(
+    update={"moe": MoESpec(num_experts=4, experts_per_token=2, expert_ffn_hidden_size=6, router="capacity",
+                           capacity_factor=1.25)}
 )  # fmt: skip
 ODD = ModelSpec(  # 6 heads, 3 KV heads, 3 layers: most tp and pp degrees fail on the model
     name="odd", num_layers=3, hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
@@ -113,7 +121,7 @@ def _zero3_grid() -> PlanTable:
 def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload():
     """Random shapes hit the rules enumeration never produces (dp·tp·pp·cp off the GPU count, tp > node)."""
     rng = np.random.default_rng(0)
-    n = 4000
+    n = 8000
     table = PlanTable.from_columns(
         dp=rng.integers(1, 9, n), tp=rng.choice([1, 2, 3, 4, 8, 16], n), pp=rng.choice([1, 2, 3, 4, 8], n),
         zero_stage=rng.integers(0, 4, n), offload_optimizer=rng.random(n) < 0.3,
@@ -124,7 +132,7 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         virtual_stages=rng.choice([1, 1, 2, 3], n), zero_hpz_partition_size=rng.choice([1, 1, 1, 2, 4], n),
         shard_group_size=rng.choice([0, 0, 0, 2, 3], n), zero_quantized_weights=rng.random(n) < 0.1,
         zero_quantized_gradients=rng.random(n) < 0.1, comm_overlap=rng.random(n) < 0.2,
-        tp_comm_overlap=rng.random(n) < 0.2,
+        tp_comm_overlap=rng.random(n) < 0.2, ep=rng.choice([1, 1, 2, 3, 4], n), expert_tp=rng.choice([1, 1, 2, 4], n),
     )  # fmt: skip
     grid = _zero3_grid()
     fp8 = dataclasses.replace(grid, precision=np.full(len(grid), PRECISION_CODES.index("fp8")))
@@ -134,13 +142,18 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
     workload = Workload(seq_len=130, global_batch_sequences=12, tokens_to_train=1e6)  # cp 4 does not split it
     seen: set[int] = set()
     a100 = ClusterSpec(gpu="a100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # no FP8 tensor cores
-    for c, w in [(None, None), (cluster, None), (cluster, workload), (None, workload), (a100, workload)]:
-        codes = problem_codes(table, TINY, c, w)
+    cases = [(None, None), (cluster, None), (cluster, workload), (None, workload), (a100, workload)]
+    for (c, w), model in itertools.product(cases, (TINY, TINY_MOE)):
+        codes = problem_codes(table, model, c, w)
         plans = [unchecked_plan(table, i) for i in range(n)]
-        expected = np.array([reason_code(plan_problem(p, TINY, c, w)) for p in plans])
+        expected = np.array([reason_code(plan_problem(p, model, c, w)) for p in plans])
         assert np.array_equal(codes, expected)
         seen |= set(codes.tolist())
-    assert seen == set(range(len(INVALID_REASONS)))  # every rule was exercised somewhere
+    # Every rule was exercised somewhere, but one no engine's table triggers today.
+    unused = {name for name in ("MoE blocks with pp on an engine without it",)}
+    if any(not engine_rules(e).expert_parallel.with_pipeline for e in ENGINE_CODES):
+        unused = set()
+    assert seen == {i for i, (name, _, _) in enumerate(INVALID_REASONS) if name not in unused}
 
 
 def test_two_stage_enumeration_equals_filtering_the_full_cross_product():
