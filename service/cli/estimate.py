@@ -37,6 +37,9 @@ FLAGS = {
     "zero_quantized_gradients": "--zero-quantized-gradients",
     "comm_overlap": "--comm-overlap",
     "tp_comm_overlap": "--tp-comm-overlap",
+    "ep": "--ep",
+    "expert_tp": "--expert-tp",
+    "moe_load_imbalance": "--moe-load-imbalance",
 }
 
 
@@ -59,6 +62,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="Context-parallel degree: each sequence split over N ranks (Ulysses on deepspeed, ring "
         "attention on megatron and fsdp; default 1).",
+    )
+    a(
+        "--ep",
+        type=_positive_int,
+        default=1,
+        help="Expert-parallel degree (MoE models): each MoE block's experts split over N ranks (default 1).",
+    )
+    a(
+        "--expert-tp",
+        type=_positive_int,
+        default=1,
+        help="Tensor-parallel degree inside each expert (megatron: any; deepspeed, fsdp: 1 or --tp).",
+    )
+    a(
+        "--moe-load-imbalance",
+        type=finite_float,
+        default=None,
+        help="MoE, dropless router: the busiest expert's tokens over its balanced share (default 1.5).",
     )
     a(
         "--engine",
@@ -218,6 +239,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         zero_quantized_weights=args.zero_quantized_weights,
         zero_quantized_gradients=args.zero_quantized_gradients,
         comm_overlap=args.comm_overlap, tp_comm_overlap=args.tp_comm_overlap,
+        ep=args.ep, expert_tp=args.expert_tp,
     )  # fmt: skip
     if args.gpus % (args.tp * args.pp * args.cp):
         field = "pp" if args.gpus % args.pp else "cp" if args.gpus % args.cp else "tp"
@@ -247,6 +269,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         fused_elementwise=args.fused_elementwise,
         selective_recompute=args.selective_recompute,
     )
+    if args.moe_load_imbalance is not None:
+        data["moe_load_imbalance"] = args.moe_load_imbalance
     try:
         workload = validate_as(Workload, data)
     except SpecError as err:
@@ -280,6 +304,13 @@ def run(args: argparse.Namespace) -> int:
         "selective_recompute": workload.selective_recompute,
         "memory_headroom": args.headroom,
     }
+    if model.moe is not None:
+        inputs |= {
+            "total_params": model.num_params,
+            "active_params": model.active_params,
+            "moe_load_imbalance": workload.moe_load_imbalance,
+            "router": model.moe.router,
+        }
     if args.json:
         print(json.dumps({"label": plan.short(), "inputs": inputs, **est.model_dump()}, indent=2))
     else:

@@ -100,6 +100,8 @@ def memory_lines(memory: dict[str, float], limit_bytes: float) -> str:
     terms = ["params", "grads", "optimizer", "activations", "logits", "buffers", "overhead", "total"]
     cells = [f"{memory[t] / GIB:.2f}" for t in terms] + [f"{limit_bytes / GIB:.2f}"]
     table = format_table([*terms, "limit"], [cells], left=0)
+    if memory.get("experts"):
+        table += f"\n(of params, grads and optimizer: {memory['experts'] / GIB:.2f} GiB the routed experts')"
     if memory.get("cpu_offload"):
         table += f"\n(plus {memory['cpu_offload'] / GIB:.2f} GiB per GPU offloaded to host memory)"
     return table

@@ -3,11 +3,12 @@ once (`estimate_table`), or for one (`estimate`, the same code on a one-row tabl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel import comm, compute, context, data_parallel, fp8, pipeline, tensor_parallel
+from service.costmodel import comm, compute, context, data_parallel, fp8, moe, pipeline, tensor_parallel
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel import recompute as checkpointing
@@ -35,6 +36,7 @@ class _Memory:
     logits: np.ndarray
     buffers: np.ndarray
     cpu: np.ndarray
+    experts: np.ndarray  # of params + grads + optimizer: the routed experts' states (MoE models)
 
     def total(self, overhead: float) -> np.ndarray:
         return (
@@ -72,7 +74,10 @@ def _model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.n
 def _memory(
     model: ModelSpec, workload: Workload, p: PlanTable, activation_scale: float = 1.0
 ) -> tuple[_Memory, _Memory]:
-    """Memory of the first and of the last pipeline stage (the same stage when pp = 1)."""
+    """Memory of the first and of the last pipeline stage (the same stage when pp = 1). A MoE model's
+    routed experts are priced by costmodel/moe.py, the rest of it as its dense view."""
+    load = moe.load_factor(model, p, workload.moe_load_imbalance)
+    whole, model = model, model.dense_view()
     d = mem.activation_bytes_per_element(p.precision)
     tokens = p.micro_batch * workload.seq_len / p.cp  # a context-parallel rank's share of the sequence
     first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
@@ -132,11 +137,28 @@ def _memory(
         # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
         buffers = buffers + np.where(offload_staging, pb * model.vocab_size * model.hidden_size, 0.0)
+        experts = np.zeros(len(p))
+        moe_saved, moe_peak = np.zeros(len(p)), np.zeros(len(p))
+        if whole.moe is not None:
+            pb_, gb_, ob_ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+            psi_e = moe.expert_params_per_gpu(whole, layers, p)
+            e_params, e_grads, e_optimizer, e_cpu = moe.expert_state_bytes(psi_e, p, pb_, gb_, ob_)
+            params, grads, optimizer, cpu = params + e_params, grads + e_grads, optimizer + e_optimizer, cpu + e_cpu
+            experts = e_params + e_grads + e_optimizer
+            moe_layers = layers * whole.num_moe_layers / whole.num_layers
+            dispatched = moe.tokens_dispatched(p, workload.seq_len)
+            per_token = moe.activation_bytes_per_token_per_moe_layer(whole, p, d, load)
+            moe_saved = dispatched * per_token * moe_layers * micro_batches
+            # Full recompute rebuilds one block at a time in backward: its MoE tensors are live then.
+            kept = moe.activation_bytes_per_token_per_moe_layer(whole, dataclasses.replace(p, recompute=np.zeros_like(p.recompute)), d, load)
+            moe_peak = np.where(p.recompute == 2, dispatched * kept, 0.0)
+            buffers = buffers + moe.dispatch_buffer_bytes(whole, p, workload.seq_len, d, load)
         # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
         # the peak holds one of the two, not both (measured on the proxy, tests/train).
-        activations = tokens * per_layer * layers * micro_batches + np.maximum(recompute_peak - logits, 0.0)
+        peak = np.maximum(recompute_peak + moe_peak - logits, 0.0)
+        activations = tokens * per_layer * layers * micro_batches + moe_saved + peak
         activations = activation_scale * activations
-        stages.append(_Memory(params, grads, optimizer, activations, logits, buffers, cpu))
+        stages.append(_Memory(params, grads, optimizer, activations, logits, buffers, cpu, experts))
     return stages[0], stages[1]
 
 
@@ -173,7 +195,9 @@ def links(params: ModelParams) -> comm.Links:
 def _times(
     model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
 ) -> dict[str, np.ndarray]:
-    """Seconds per optimizer step by term, after overlap (the slowest pipeline stage)."""
+    """Seconds per optimizer step by term, after overlap (the slowest pipeline stage). A MoE model's
+    routed experts are priced by costmodel/moe.py, the rest of it as its dense view."""
+    whole, model = model, model.dense_view()
     gpu, s = effective_gpu(cluster.gpu, params), workload.seq_len
     net = links(params)
     d = mem.activation_bytes_per_element(p.precision)
@@ -210,9 +234,10 @@ def _times(
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
-    fwd = np.maximum(gemm + attention + elementwise + head, compute.launch_bound_s(gpu, kernels))
+    experts, experts_a2a = _moe_forward_s(whole, cluster, workload, p, layers, gpu, gemm_peak, gemm_d, net)
+    fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention
-    bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head
+    bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head + 2 * experts
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
     # Selective recompute re-runs each block's attention sub-block (projections and attention core), as
     # this service's worker checkpoints it. Megatron checkpoints the core alone; pricing that instead was
@@ -222,7 +247,7 @@ def _times(
         compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d) * layers
         + attention
     )
-    full_block = gemm + attention + elementwise
+    full_block = gemm + attention + elementwise + experts
     selective = checkpointing.selective_recompute_s(
         model, workload.selective_recompute, attention_block, full_block, gemm, elementwise
     )
@@ -244,13 +269,27 @@ def _times(
     pp_mb = pipeline.pp_comm_per_micro_batch_s(
         cluster, p, tokens * model.hidden_size * d, gpu, net, fwd + bwd, contention
     )
-    slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb
+    # The dispatch and combine all-to-alls run forward, backward and in a fully recomputed forward; an
+    # engine that overlaps them (Megatron-Core's --overlap-moe-expert-parallel-comm, with comm_overlap)
+    # hides them behind another micro-batch's compute, as the other overlapped collectives hide.
+    a2a = experts_a2a * (2 + (p.recompute == 2))
+    hides = moe.overlaps_all_to_all(p) & p.comm_overlap
+    ep_mb = np.where(hides, comm.overlapped_exposed_s(a2a, fwd + bwd, contention), a2a)
+    slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     bubble = (p.pp - 1) / v * slot
 
     dp_comm, offload, optimizer_step = data_parallel.comm_offload_and_optimizer_s(
         model, cluster, p, fwd, bwd, gpu, net, contention, workload.zero3_collectives == "per_tensor_lists"
     )
     ga = p.grad_accum
+    if whole.moe is not None:
+        psi_e = moe.expert_params_per_gpu(whole, layers, p)
+        pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+        sync = moe.expert_gradient_sync_s(psi_e, p, gb, pb, cluster.gpus_per_node, gpu, net)
+        overlapped = workload.overlap_comm | p.comm_overlap
+        dp_comm = dp_comm + np.where(overlapped, comm.overlapped_exposed_s(sync, ga * bwd, contention), sync)
+        shard = psi_e / np.where(p.zero_stage >= 1, moe.expert_data_parallel(p), 1)
+        optimizer_step = optimizer_step + np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
     # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
     overhead = params["step_overhead_s"] + ga * params["microstep_overhead_s"]
@@ -261,10 +300,35 @@ def _times(
         "tp_comm": ga * tp_mb,
         "cp_comm": ga * cp_mb,
         "pp_comm": ga * pp_mb,
+        "ep_comm": ga * ep_mb,
         "bubble": bubble,
         "offload": offload,
         "overhead": np.asarray(overhead, dtype=float),
     }
+
+
+def _moe_forward_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    workload: Workload,
+    p: PlanTable,
+    layers: np.ndarray,
+    gpu: GPUSpec,
+    gemm_peak: np.ndarray,
+    gemm_d: Num,
+    net: comm.Links,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(expert compute, token exchange) of one micro-batch's forward through the stage's MoE blocks
+    (costmodel/moe.py); zeros for a dense model."""
+    if model.moe is None:
+        return np.zeros(len(p)), np.zeros(len(p))
+    load = moe.load_factor(model, p, workload.moe_load_imbalance)
+    s, d = workload.seq_len, mem.activation_bytes_per_element(p.precision)
+    moe_layers = layers * model.num_moe_layers / model.num_layers
+    gemms = moe.expert_gemm_time_forward_s(model, p, s, gpu, gemm_peak, gemm_d, load)
+    router = moe.router_and_permute_time_forward_s(model, p, s, gpu, gemm_peak, d, load)
+    exchange = moe.dispatch_combine_time_s(model, p, s, d, cluster.gpus_per_node, gpu, net, load)
+    return (gemms + router) * moe_layers, exchange * moe_layers
 
 
 def _context_parallel_s(
@@ -335,6 +399,7 @@ def estimate_table(
         overhead_bytes=np.full(len(p), overhead),
         total_bytes=total,
         cpu_offload_bytes=m["cpu"],
+        expert_states_bytes=m["experts"],
         memory_limit_bytes=limit,
         fits=total <= limit,
         step_time_s=step,

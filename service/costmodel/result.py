@@ -13,7 +13,7 @@ from service.spec.params import ModelParams
 from service.spec.plan import Plan
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
-TIME_TERMS: tuple[str, ...] = ("compute", "recompute", "dp_comm", "tp_comm", "cp_comm", "pp_comm")
+TIME_TERMS: tuple[str, ...] = ("compute", "recompute", "dp_comm", "tp_comm", "cp_comm", "pp_comm", "ep_comm")
 TIME_TERMS += ("bubble", "offload", "overhead")
 
 
@@ -32,6 +32,7 @@ class EstimateTable:
     overhead_bytes: np.ndarray
     total_bytes: np.ndarray
     cpu_offload_bytes: np.ndarray  # host memory per GPU holding offloaded states
+    expert_states_bytes: np.ndarray  # of params + grads + optimizer: the routed experts' (MoE models)
     memory_limit_bytes: np.ndarray  # HBM × (1 − headroom)
     fits: np.ndarray
     compute_s: np.ndarray
@@ -40,6 +41,7 @@ class EstimateTable:
     tp_comm_s: np.ndarray
     cp_comm_s: np.ndarray  # exposed context-parallel all-to-alls / ring passes
     pp_comm_s: np.ndarray
+    ep_comm_s: np.ndarray  # exposed MoE dispatch and combine all-to-alls
     bubble_s: np.ndarray
     offload_s: np.ndarray  # exposed
     overhead_s: np.ndarray  # fixed framework time per step and micro-step (fitted; 0 a priori)
@@ -82,6 +84,7 @@ class MemoryBreakdown(BaseModel):
     overhead: float
     total: float
     cpu_offload: float
+    experts: float = 0.0  # of params + grads + optimizer: the routed experts' states (MoE models)
 
 
 class TimeBreakdown(BaseModel):
@@ -95,6 +98,7 @@ class TimeBreakdown(BaseModel):
     tp_comm: float
     cp_comm: float = 0.0
     pp_comm: float
+    ep_comm: float = 0.0
     bubble: float
     offload: float
     overhead: float = 0.0
@@ -131,6 +135,7 @@ class Estimate(BaseModel):
             **{t: g(f"{t}_bytes") for t in MEMORY_TERMS},
             total=g("total_bytes"),
             cpu_offload=g("cpu_offload_bytes"),
+            experts=g("expert_states_bytes"),
         )
         times = TimeBreakdown(**{t: g(f"{t}_s") for t in TIME_TERMS})
         return cls(

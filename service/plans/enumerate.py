@@ -142,6 +142,38 @@ def _with_zero_variants(table: PlanTable, gpus_per_node: int, num_gpus: int, qua
     return concat([table, *extra])
 
 
+def expert_degrees(model: ModelSpec | None) -> list[int]:
+    """The `ep` degrees tried for `model`: every divisor of its expert count (1 alone for a dense model).
+    Expert tensor parallelism is tried at 1 and at tp (`_with_expert_variants`)."""
+    if model is None or model.moe is None:
+        return [1]
+    n = model.moe.num_experts
+    return [e for e in range(1, n + 1) if n % e == 0]
+
+
+def _with_expert_variants(table: PlanTable, model: ModelSpec | None) -> PlanTable:
+    """For a MoE model, each row once per `expert_degrees` ep and expert_tp in {1, tp} (the layouts
+    NVIDIA's and torchtitan's MoE recipes run; Megatron-Core allows any expert_tp, `outside_space` says
+    so); the rules drop the ones a row's ranks or engine cannot hold."""
+    degrees = expert_degrees(model)
+    if len(degrees) == 1:
+        return table
+    extra = []
+    for ep in degrees:
+        for tp_split in (False, True):
+            if ep == 1 and not tp_split:
+                continue  # the rows themselves
+            rows = table.take(table.tp > 1) if tp_split else table
+            extra.append(
+                dataclasses.replace(
+                    rows,
+                    ep=np.full(len(rows), ep, dtype=np.int64),
+                    expert_tp=rows.tp.copy() if tp_split else np.ones(len(rows), dtype=np.int64),
+                )
+            )
+    return concat([table, *extra])
+
+
 def _structures(
     num_gpus: int,
     max_cp: int = 1,
@@ -149,12 +181,15 @@ def _structures(
     virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
     gpus_per_node: int = 8,
     quantized: bool = False,
+    model: ModelSpec | None = None,
 ) -> PlanTable:
     """The rows the structural rules look at, engine by engine: micro_batch 1, grad_accum 1, recompute
-    none. ZeRO-3 rows also come with ZeRO++ and shard-group settings (`zero_variants`)."""
+    none. ZeRO-3 rows also come with ZeRO++ and shard-group settings (`zero_variants`), and a MoE
+    model's rows with expert-parallel layouts (`_with_expert_variants`)."""
     shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
     tables = [_engine_structures(shapes, e, virtual_stages) for e in engines]
-    return concat([_with_zero_variants(t, gpus_per_node, num_gpus, quantized) for t in tables])
+    table = concat([_with_zero_variants(t, gpus_per_node, num_gpus, quantized) for t in tables])
+    return _with_expert_variants(table, model)
 
 
 def _expand(
@@ -191,10 +226,12 @@ def candidate_table(
     engines: Sequence[Engine] = ("deepspeed",),
     virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
     quantized_collectives: bool = False,
+    model: ModelSpec | None = None,
 ) -> PlanTable:
-    """The full cross product of choices for `cluster` (valid or not), one row per candidate."""
+    """The full cross product of choices for `cluster` (valid or not), one row per candidate; with a MoE
+    `model`, its expert-parallel layouts too."""
     structures = _structures(
-        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives
+        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives, model
     )
     return _expand(structures, workload, max_micro_batch, _precisions(precision))
 
@@ -240,7 +277,7 @@ def enumerate_plans(
     `quantized_collectives`: also ZeRO++'s quantized weights and gradients (`zero_variants`).
     """
     structures = _structures(
-        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives
+        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives, model
     )
     structure_codes = problem_codes(structures, model, cluster, workload=None)
     precisions = _precisions(precision)
@@ -284,6 +321,8 @@ def outside_space(
             f"the planner tries {plan.engine} plans with every overlap its rules allow turned on "
             "(comm_overlap; tp_comm_overlap with sequence_parallel)"
         )
+    if plan.expert_tp not in (1, plan.tp):
+        return "the planner tries expert_tp 1 and expert_tp = tp"
     if plan.precision not in _precisions(precision):
         return f"the planner scored {', '.join(_precisions(precision))} plans only"
     return None

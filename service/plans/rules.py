@@ -41,7 +41,7 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("tp_comm_overlap without sequence_parallel", "tp_comm_overlap", "needs sequence_parallel"),
     ("virtual_stages without pp", "virtual_stages", "virtual_stages > 1 needs pp > 1"),
     ("virtual_stages without an interleaved schedule", "virtual_stages", "no interleaved pipeline schedule"),
-    ("expert_tp the engine lacks", "expert_tp", "splits experts over its TP ranks or not at all"),
+    ("expert_tp the engine lacks", "expert_tp", " splits experts "),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
     ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
     ("Ulysses cp does not divide heads per TP rank", "cp", "attention heads per TP rank"),
@@ -54,7 +54,6 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("ZeRO stage too high with MoE blocks", "zero_stage", "with MoE blocks "),
     ("MoE blocks with pp on an engine without it", "pp", "runs MoE blocks without a pipeline"),
     ("router regime the engine lacks", "engine", "its MoE routers"),
-    ("ep does not divide dp", "ep", "data-parallel ranks"),
     ("ep·expert_tp does not divide dp·cp·tp", "ep", "ranks of a pipeline stage"),
     ("hpZ group does not divide dp·cp", "zero_hpz_partition_size", "does not divide the"),
     ("shard group does not divide dp·cp", "shard_group_size", "does not divide the"),
@@ -112,8 +111,14 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         p.tp_comm_overlap & ~p.sequence_parallel,
         (p.virtual_stages > 1) & (p.pp == 1),
         (p.virtual_stages > 1) & ~p.engine_column("interleaved_pipeline"),
-        (_expert_rule("expert_tp")[p.engine] == "one_or_tp") & (p.expert_tp != 1) & (p.expert_tp != p.tp),
+        _expert_tp_refused(p),
     ]
+
+
+def _expert_tp_refused(p: PlanTable) -> np.ndarray:
+    kind = _expert_rule("expert_tp")[p.engine]
+    one = (kind == "one") & (p.expert_tp != 1)
+    return one | ((kind == "one_or_tp") & (p.expert_tp != 1) & (p.expert_tp != p.tp))
 
 
 def _expert_rule(field: str) -> np.ndarray:
@@ -125,8 +130,7 @@ def _moe_rules(p: PlanTable, model: ModelSpec) -> list[np.ndarray]:
     """`_moe_problem` (service/spec/plan.py) on columns."""
     moe, none = model.moe, np.zeros(len(p), bool)
     if moe is None:
-        return [p.ep > 1, p.expert_tp > 1, *[none] * 7]
-    fold = _expert_rule("fold_tensor_parallel")[p.engine]
+        return [p.ep > 1, p.expert_tp > 1, *[none] * 6]
     router = np.array([moe.router in engine_rules(e).expert_parallel.routers for e in ENGINE_CODES])
     return [
         none,
@@ -136,8 +140,7 @@ def _moe_rules(p: PlanTable, model: ModelSpec) -> list[np.ndarray]:
         p.zero_stage > _expert_rule("max_zero_stage")[p.engine],
         (p.pp > 1) & ~_expert_rule("with_pipeline")[p.engine],
         ~router[p.engine],
-        ~fold & (p.dp % p.ep != 0),
-        fold & ((p.dp * p.cp * p.tp) % (p.ep * p.expert_tp) != 0),
+        (p.dp * p.cp * p.tp) % (p.ep * p.expert_tp) != 0,
     ]
 
 

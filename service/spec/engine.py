@@ -46,17 +46,23 @@ class ExpertParallelRule(BaseModel):
     """How an engine lays out a mixture-of-experts model's routed experts (`Plan.ep`, `Plan.expert_tp`).
 
     Expert parallelism splits each MoE block's experts over `ep` ranks, which exchange the routed tokens
-    by all-to-all (Lepikhin et al. 2020, GShard, §2.2). `fold_tensor_parallel`: the expert layers get a
-    layout of their own over the same dp·cp·tp ranks of a pipeline stage, ep·expert_tp of them sharing
-    one copy of the experts (Megatron-Core's "MoE parallel folding"; torchtitan borrows the TP ranks
-    for EP when expert_tp is 1); otherwise the EP group is carved out of the data-parallel ranks alone
-    (ep divides dp, each TP rank keeping its own expert group: DeepSpeed's `groups.py`).
+    by all-to-all (Lepikhin et al. 2020, GShard, §2.2). All three engines give the expert layers a layout
+    of their own over the dp·cp·tp ranks of a pipeline stage: expert_tp·ep·edp of them, expert_tp
+    fastest (Megatron-Core's "MoE parallel folding", parallel_state.py; DeepSpeed's consecutive expert
+    groups inside a stage, utils/groups.py; torchtitan's EP borrowing dp_shard·cp·tp, parallel_dims.py),
+    so ep·expert_tp divides dp·cp·tp and the remaining edp ranks hold copies of the same expert slice.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    fold_tensor_parallel: bool
     expert_tp: Literal["one", "one_or_tp", "any"]  # allowed expert tensor-parallel sizes
+    # DeepSpeed drops the tokens its TP ranks duplicate before the all-to-all and all-gathers the expert
+    # outputs over them after (sharded_moe.py drop_tokens / gather_tokens); the others exchange tokens
+    # over the expert-TP group only.
+    regathers_over_tp: bool
+    # Dropless routing pads every local expert to the busiest one's tokens (DeepSpeed: drop_tokens=False
+    # takes the capacity from the largest expert load) instead of running each expert on its own load.
+    pads_dropless: bool
     max_zero_stage: int = Field(ge=0, le=3)  # highest ZeRO stage a MoE model runs with
     with_pipeline: bool  # MoE blocks inside a pipeline (pp > 1)
     routers: tuple[Literal["dropless", "capacity"], ...]  # router regimes the engine runs

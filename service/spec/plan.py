@@ -43,8 +43,8 @@ class Plan(BaseModel):
         1,
         gt=0,
         description="Expert-parallel degree (MoE models): each MoE block's routed experts split over ep "
-        "ranks, which exchange the routed tokens by all-to-all; the ranks are the data-parallel ones, or "
-        "the dp·cp·tp ranks of a pipeline stage where the engine folds them (service/catalog/engines/).",
+        "ranks, which exchange the routed tokens by all-to-all; ep·expert_tp divides the dp·cp·tp ranks "
+        "of a pipeline stage (the expert layout folded over them: service/catalog/engines/).",
     )
     expert_tp: int = Field(
         1,
@@ -180,9 +180,10 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "virtual_stages", "virtual_stages > 1 needs pp > 1"
     if plan.virtual_stages > 1 and not engine_rules(plan.engine).interleaved_pipeline:
         return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
-    expert_tp = engine_rules(plan.engine).expert_parallel.expert_tp
-    if expert_tp == "one_or_tp" and plan.expert_tp not in (1, plan.tp):
-        message = f"{plan.expert_tp}: {plan.engine} splits experts over its TP ranks or not at all; allowed: 1 or tp"
+    allowed = {"one": (1,), "one_or_tp": (1, plan.tp)}.get(engine_rules(plan.engine).expert_parallel.expert_tp)
+    if allowed is not None and plan.expert_tp not in allowed:
+        split = "over its TP ranks or not at all" if len(allowed) > 1 else "never (no expert tensor parallelism)"
+        message = f"{plan.expert_tp}: {plan.engine} splits experts {split}; allowed: {' or '.join(map(str, sorted(set(allowed))))}"
         return "expert_tp", message
     return None
 
@@ -276,10 +277,8 @@ def _moe_problem(plan: Plan, model: ModelSpec) -> tuple[str, str] | None:
         return "pp", f"{name} runs MoE blocks without a pipeline; with MoE blocks pp must be 1"
     if moe.router not in rule.routers:
         return "engine", f"{name} has no {moe.router} router; its MoE routers: {', '.join(rule.routers)}"
-    if not rule.fold_tensor_parallel and plan.dp % plan.ep:
-        return "ep", f"ep {plan.ep} does not divide the {plan.dp} data-parallel ranks ({name} carves EP from dp)"
     stage_ranks = plan.dp * plan.cp * plan.tp
-    if rule.fold_tensor_parallel and stage_ranks % (plan.ep * plan.expert_tp):
+    if stage_ranks % (plan.ep * plan.expert_tp):
         folded = plan.ep * plan.expert_tp
         return "ep", f"ep·expert_tp = {folded} does not divide the {stage_ranks} ranks of a pipeline stage (dp·cp·tp)"
     return None

@@ -16,6 +16,11 @@ MAX_SEQ_LEN = 2**24
 SelectiveRecompute = Literal["attention_block", "every_other_block", "every_other_matmul"]
 
 
+# Busiest expert's tokens over its balanced share with an auxiliary balancing loss (Wang et al. 2024,
+# Table 2, the 3B model's 1.52); see service/costmodel/moe.py `load_factor`.
+DEFAULT_MOE_LOAD_IMBALANCE = 1.5
+
+
 class Workload(BaseModel):
     """Sequence length, global batch and how many tokens to train.
 
@@ -74,6 +79,18 @@ class Workload(BaseModel):
         "every_other_matmul: every op of a block "
         "but its matmuls and attention, and every second matmul too (torchtitan's 'selective op' AC, "
         "torch.utils.checkpoint's selective policy in parallelize_llama.py, 2024).",
+    )
+
+    moe_load_imbalance: float = Field(
+        DEFAULT_MOE_LOAD_IMBALANCE,
+        ge=1.0,
+        le=64.0,
+        allow_inf_nan=False,
+        description="MoE models with a dropless router: tokens the busiest expert receives over its "
+        "balanced share (default: Wang et al. 2024, arXiv 2408.15664, Table 2, 1.52 with an auxiliary "
+        "balancing loss; about 1.04-1.1 with DeepSeek's loss-free balancing). It sets the pace of the "
+        "expert GEMMs and the all-to-alls (costmodel/moe.py `load_factor`); capacity routers pad to their "
+        "capacity factor instead.",
     )
 
     @model_validator(mode="after")

@@ -1,0 +1,235 @@
+"""Mixture-of-experts terms, one function per term: the routed experts' model states, activations and
+buffers, their grouped GEMMs, the router and token permutation, and the all-to-all dispatch and combine
+of every MoE block. Everything else of a MoE model (attention, the dense blocks' MLPs, the shared
+experts, the router's weights) is priced by the dense terms on `ModelSpec.dense_view()`.
+
+Layout (`Plan.ep`, `Plan.expert_tp`, the engine's `expert_parallel` rule): one MoE block's experts are
+split over ep ranks and, inside each expert, over expert_tp ranks; the ranks of a pipeline stage that
+hold the same expert slice form the expert-data-parallel group, over which the experts' gradients are
+reduced and ZeRO shards their states. Tokens: each rank dispatches its own share of a micro-batch,
+t = micro_batch·s / (cp·tp) (Megatron-Core requires sequence parallelism with MoE and TP, torchtitan
+splits the tokens over the TP ranks, DeepSpeed drops the tokens its TP ranks duplicate: sharded_moe.py
+`drop_tokens`), k copies of each after routing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.costmodel import comm, compute
+from service.costmodel.types import Num
+from service.spec.hardware import GPUSpec
+from service.spec.model import ModelSpec
+from service.spec.engine import engine_rules
+from service.spec.plan_table import ENGINE_CODES, PlanTable
+
+# Router logits and the top-k probabilities are kept in fp32 (Megatron-Core router.py casts the logits
+# with --moe-router-dtype fp32 in NVIDIA's recipes; DeepSpeed's top-k gating runs softmax in fp32).
+ROUTER_BYTES = 4.0
+# HBM passes over the routed tokens outside the expert GEMMs, forward: permute (read, write) and
+# unpermute with the combine weights (read, write) (Megatron-Core moe_utils.py permute / unpermute;
+# torchtitan's generate_permute_indices + index copies; DeepSpeed's einsum dispatch and combine).
+PERMUTE_PASSES = 4.0
+
+
+def _rule(field: str) -> np.ndarray:
+    return np.array([getattr(engine_rules(e).expert_parallel, field) for e in ENGINE_CODES])
+
+
+def overlaps_all_to_all(p: PlanTable) -> np.ndarray:
+    """Whether the row's engine can hide the dispatch and combine behind other compute."""
+    return _rule("a2a_overlap")[p.engine]
+
+
+def expert_data_parallel(p: PlanTable) -> np.ndarray:
+    """Ranks of a pipeline stage holding the same expert slice, over which expert gradients are reduced
+    and ZeRO shards expert states: dp·cp·tp / (ep·expert_tp) (the expert layout folded over the stage's
+    ranks: Megatron-Core parallel_state.py; DeepSpeed utils/groups.py; torchtitan's efsdp)."""
+    return p.dp * p.cp * p.tp // (p.ep * p.expert_tp)
+
+
+def ep_stride(p: PlanTable) -> np.ndarray:
+    """Rank distance between the members of an EP group: the expert layout runs expert_tp fastest,
+    then ep (Megatron-Core's order tp-ep-dp; DeepSpeed's consecutive expert groups, strided by tp when
+    its experts are split over the TP ranks; torchtitan's innermost ep ranks)."""
+    return p.expert_tp
+
+
+def gather_group(p: PlanTable) -> np.ndarray:
+    """Ranks that exchange the received tokens around the expert GEMMs: the expert-TP group, or
+    DeepSpeed's TP ranks (`regathers_over_tp`)."""
+    return np.where(_rule("regathers_over_tp")[p.engine], p.tp, p.expert_tp)
+
+
+def load_factor(model: ModelSpec, p: PlanTable, imbalance: float) -> np.ndarray:
+    """Tokens the busiest expert rank processes over the balanced share, per plan.
+
+    A capacity router pads every expert to capacity_factor × the balanced share (GShard, Lepikhin et al.
+    2020, §2.2: the dispatch tensor is experts × capacity; DeepSpeed's einsum dispatch sends all of it)
+    and drops the rest. Dropless routing (MegaBlocks, Gale et al. 2022) runs the load as it comes: the
+    busiest expert holds `imbalance` × its share (Workload.moe_load_imbalance; the default is Wang et
+    al. 2024, arXiv 2408.15664, Table 2: max/mean expert load 1.52 for the 3B model trained with an
+    auxiliary balancing loss). A rank holds num_experts/ep experts; if their loads vary independently,
+    its excess over the mean shrinks as the square root of their number (the law of large numbers; an
+    assumption, not a measurement), unless the engine pads every local expert to the busiest one
+    (`pads_dropless`: DeepSpeed's drop_tokens=False).
+    """
+    moe = model.moe
+    if moe is None:
+        return np.ones(len(p))
+    if moe.router == "capacity":
+        return np.full(len(p), float(moe.capacity_factor))
+    local = moe.num_experts / p.ep
+    spread = np.where(_rule("pads_dropless")[p.engine], 1.0, np.sqrt(local))
+    return 1.0 + (imbalance - 1.0) / spread
+
+
+def tokens_dispatched(p: PlanTable, seq_len: int) -> np.ndarray:
+    """Tokens of one micro-batch one rank routes (see the module docstring)."""
+    return p.micro_batch * seq_len / (p.cp * p.tp)
+
+
+def expert_params_per_gpu(model: ModelSpec, layers: Num, p: PlanTable) -> np.ndarray:
+    """Routed-expert parameters one GPU holds for `layers` blocks of its stage (MoE blocks at the model's
+    share): the block's experts split by ep and, inside each, by expert_tp."""
+    share = model.num_moe_layers / model.num_layers
+    return np.asarray(model.expert_params_per_moe_layer * share * layers / (p.ep * p.expert_tp), dtype=float)
+
+
+def expert_state_bytes(
+    psi_expert: Num, p: PlanTable, param_bytes: Num, grad_bytes: Num, optimizer_bytes: Num
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(params, grads, optimizer, host) bytes of the expert slice after ZeRO over the expert-data-parallel
+    group (ZeRO, Rajbhandari et al. 2020 §5, applied to the experts' own group: DeepSpeed's stage_1_and_2.py
+    partitions each MoE parameter group over `expert_data_parallel_group`; Megatron's distributed
+    optimizer shards expert states over the expert-data-parallel group). Offload moves them as the dense
+    states move (the flags are the plan's)."""
+    edp = expert_data_parallel(p)
+    z = p.zero_stage
+    params = param_bytes * psi_expert / np.where(z >= 3, edp, 1)
+    grads = grad_bytes * psi_expert / np.where(z >= 2, edp, 1)
+    optimizer = optimizer_bytes * psi_expert / np.where(z >= 1, edp, 1)
+    host = np.where(p.offload_optimizer, optimizer, 0.0) + np.where(p.offload_params, params, 0.0)
+    optimizer = np.where(p.offload_optimizer, 0.0, optimizer)
+    params = np.where(p.offload_params, 0.0, params)
+    return params, grads, optimizer, host
+
+
+def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: Num, load: Num) -> np.ndarray:
+    """Bytes a MoE block saves for backward per dispatched token, beyond the dense view's share: router
+    logits and probabilities (fp32, num_experts each), and for each of the k routed copies (× the load
+    factor on the busiest rank) the permuted input, the expert MLP's input projection output and its
+    activation output (split by expert_tp) and the expert output the combine weighs (Korthikanti et al.
+    2022's per-block accounting, applied to the expert MLP on its routed tokens; Megatron-Core
+    experts.py GroupedMLP saves the same). Full recompute keeps none of them."""
+    moe = model.moe
+    assert moe is not None
+    h, f = model.hidden_size, moe.expert_ffn_hidden_size
+    inner = (3 if model.mlp == "swiglu" else 2) * f / p.expert_tp  # gate+up out and activation out
+    per_copy = d * (2 * h + inner)
+    router = 2 * ROUTER_BYTES * moe.num_experts
+    saved = router + moe.experts_per_token * load * per_copy
+    return np.where(p.recompute == 2, 0.0, saved)
+
+
+def dispatch_buffer_bytes(model: ModelSpec, p: PlanTable, seq_len: int, d: Num, load: Num) -> np.ndarray:
+    """One MoE block's all-to-all send and receive buffers of the routed copies, live while the block
+    runs (Megatron-Core token_dispatcher.py: permuted tokens out, received tokens in; DeepSpeed: the
+    experts × capacity dispatch tensor and its all-to-all output)."""
+    moe = model.moe
+    assert moe is not None
+    copies = tokens_dispatched(p, seq_len) * moe.experts_per_token * load
+    return 2.0 * copies * model.hidden_size * d * gather_group(p)
+
+
+def expert_gemm_time_forward_s(
+    model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, peak_flops: Num, d: Num, load: Num
+) -> np.ndarray:
+    """Forward GEMMs of one MoE block's local experts on the busiest rank: ep ranks exchange their
+    tokens, so each holds num_experts/ep experts that receive, on average, t·k·expert_tp·ep/num_experts
+    tokens each (× the load factor), at 1/expert_tp of the expert width. Each expert is a GEMM of its
+    own (DeepSpeed's experts loop) or a slice of one grouped GEMM (Megatron-Core GroupedMLP, torchtitan
+    torch._grouped_mm); either way a few hundred tokens per expert fill the tensor-core tiles less than a
+    dense layer's thousands do (`compute.gemm_time_s`'s tile fill; MegaBlocks, Gale et al. 2022, §5)."""
+    moe = model.moe
+    assert moe is not None
+    h, f = model.hidden_size, moe.expert_ffn_hidden_size
+    local = moe.num_experts / p.ep
+    m = tokens_dispatched(p, seq_len) * moe.experts_per_token * p.expert_tp * p.ep / moe.num_experts * load
+    inner = f * (2 if model.mlp == "swiglu" else 1) / p.expert_tp
+    up = compute.gemm_time_s(m, inner, h, gpu, peak_flops, d)
+    down = compute.gemm_time_s(m, h, f / p.expert_tp, gpu, peak_flops, d)
+    return np.asarray(local * (up + down), dtype=float)
+
+
+def router_and_permute_time_forward_s(
+    model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, peak_flops: Num, d: Num, load: Num
+) -> np.ndarray:
+    """The router's logits GEMM (t × num_experts × h), its softmax and top-k over fp32 logits (a read
+    and a write each), and the permutation passes over the routed copies (PERMUTE_PASSES)."""
+    moe = model.moe
+    assert moe is not None
+    t, h = tokens_dispatched(p, seq_len), model.hidden_size
+    logits = compute.gemm_time_s(t, moe.num_experts, h, gpu, peak_flops, d)
+    hbm = gpu.hbm_bandwidth_gb_per_s * 1e9
+    softmax = t * moe.num_experts * ROUTER_BYTES * 4 / hbm
+    permute = PERMUTE_PASSES * t * moe.experts_per_token * load * h * d / hbm
+    return np.asarray(logits + softmax + permute, dtype=float)
+
+
+def all_to_all_time_s(
+    message_bytes: Num, group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec, links: comm.Links
+) -> np.ndarray:
+    """One all-to-all in which each rank sends `message_bytes` spread evenly over the group: the share
+    bound for its node's other members goes over NVLink, the rest through the rank's own NIC (one per GPU
+    on DGX-class nodes), both at once; the slower sets the time (nccl-tests' alltoall bus bandwidth,
+    (n−1)/n of the message). Plus NCCL's ring latency of n − 1 steps."""
+    n = np.asarray(group_size, dtype=float)
+    per_node = np.minimum(np.clip(gpus_per_node // np.maximum(stride, 1), 1, None), n)
+    nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
+    nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * links.inter_efficiency
+    inside = message_bytes * (per_node - 1) / n / nvlink
+    outside = message_bytes * (n - per_node) / n / nic
+    latency = comm.ring_latency_s(n, stride, gpus_per_node, gpu, 1, links)
+    return np.where(n > 1, np.maximum(inside, outside) + latency, 0.0)
+
+
+def dispatch_combine_time_s(
+    model: ModelSpec, p: PlanTable, seq_len: int, d: Num, gpus_per_node: int, gpu: GPUSpec, links: comm.Links, load: Num
+) -> np.ndarray:
+    """One pass (forward, or backward) of a MoE block's token exchange: the dispatch and the combine
+    all-to-all over the EP group, each moving the rank's k routed copies of its tokens (× the load
+    factor: the busiest rank receives the most), and with expert_tp > 1 the all-gather of the received
+    tokens over the expert-TP group and the reduce-scatter of the outputs (Megatron-Core's
+    AllGather after the all-to-all, token_dispatcher.py MoEAlltoAllTokenDispatcher)."""
+    moe = model.moe
+    assert moe is not None
+    copies = tokens_dispatched(p, seq_len) * moe.experts_per_token * load
+    message = copies * model.hidden_size * d
+    a2a = all_to_all_time_s(message, p.ep, ep_stride(p), gpus_per_node, gpu, links)
+    group = gather_group(p)
+    gather = comm.all_gather_time_s(message * group, group, 1, gpus_per_node, gpu, 1.0, links)
+    return np.asarray(2.0 * (a2a + gather), dtype=float)
+
+
+def expert_gradient_sync_s(
+    psi_expert: Num, p: PlanTable, grad_bytes: Num, param_bytes: Num, gpus_per_node: int, gpu: GPUSpec, links: comm.Links
+) -> np.ndarray:
+    """The expert slice's data-parallel collectives of one step over the expert-data-parallel group
+    (ranks ep·expert_tp apart): the gradient all-reduce
+    (ZeRO 0, and DeepSpeed's ZeRO 1-2 bucket all-reduce) or reduce-scatter plus the updated parameters'
+    all-gather (ZeRO 1-2 elsewhere), and ZeRO-3's two gathers and one reduce-scatter per micro-batch."""
+    edp = expert_data_parallel(p)
+    stride = p.ep * p.expert_tp
+    grads, params = psi_expert * grad_bytes, psi_expert * param_bytes
+    ar = comm.all_reduce_time_s(grads, edp, stride, gpus_per_node, gpu, 1.0, links)
+    rs = comm.reduce_scatter_time_s(grads, edp, stride, gpus_per_node, gpu, 1.0, links)
+    ag = comm.all_gather_time_s(params, edp, stride, gpus_per_node, gpu, 1.0, links)
+    all_reduce = _engine_field("gradient_reduce")[p.engine] == "all_reduce"
+    z12 = np.where(all_reduce, ar, rs + ag)
+    z3 = p.grad_accum * (2 * ag + rs)
+    return np.asarray(np.select([p.zero_stage == 0, p.zero_stage <= 2], [ar, z12], z3), dtype=float)
+
+
+def _engine_field(field: str) -> np.ndarray:
+    return np.array([getattr(engine_rules(e), field) for e in ENGINE_CODES])

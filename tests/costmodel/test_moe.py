@@ -1,0 +1,141 @@
+"""MoE terms of the cost model (service/costmodel/moe.py), checked against hand-computed numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from service.costmodel import moe
+from service.costmodel.estimate import estimate
+from service.costmodel.flops import matmul_params, model_flops_per_token
+from service.spec import ClusterSpec, ModelSpec, Plan, Workload, plan_problem
+from service.spec.model import MoESpec
+from service.spec.plan_table import PlanTable
+
+GIB = 2**30
+# Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1 config.json).
+MIXTRAL = ModelSpec(
+    name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+    ffn_hidden_size=14336, vocab_size=32000,
+    moe=MoESpec(num_experts=8, experts_per_token=2, expert_ffn_hidden_size=14336),
+)  # fmt: skip
+# 64 fine-grained experts: EP can outgrow a node.
+FINE = MIXTRAL.model_copy(
+    update={"moe": MoESpec(num_experts=64, experts_per_token=8, expert_ffn_hidden_size=1792)}
+)
+H100 = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
+WORK = Workload(seq_len=4096, global_batch_sequences=256, tokens_to_train=1e12)
+
+
+def test_flops_per_token_count_the_active_experts_only():
+    per_expert = 3 * 4096 * 14336
+    dense = MIXTRAL.dense_view()
+    attention_and_router = 32 * (dense.attention_params_per_layer + dense.mlp_params_per_layer)
+    expected = attention_and_router + 32 * 2 * per_expert + 32000 * 4096
+    assert matmul_params(MIXTRAL) == expected
+    # 6·N_active + 12·L·h·s: the active matrices are 12.75B of Mixtral's 12.9B active parameters.
+    assert model_flops_per_token(MIXTRAL, 4096) == pytest.approx(6 * expected + 12 * 32 * 4096 * 4096)
+    assert expected / 1e9 == pytest.approx(12.75, abs=0.01)
+
+
+def test_expert_states_are_sharded_by_ep_and_by_zero_over_the_expert_data_parallel_group():
+    plan = Plan(dp=64, ep=8, engine="megatron", zero_stage=1, micro_batch=1, grad_accum=4, recompute="full")
+    e = estimate(MIXTRAL, H100, plan, WORK)
+    psi = 32 * 8 * 3 * 4096 * 14336 / 8  # the experts of 32 blocks over 8 EP ranks
+    edp = 64 // 8
+    assert e.memory_per_gpu_bytes.experts == pytest.approx(2 * psi + 2 * psi + 12 * psi / edp)
+    # The dense part (attention, router, embeddings) shards its optimizer over all 64 ranks.
+    assert e.memory_per_gpu_bytes.params == pytest.approx(2 * psi + 2 * MIXTRAL.dense_view().num_params, rel=1e-3)
+
+
+def test_expert_data_parallel_and_ep_group_follow_the_folded_layout():
+    plans = [
+        Plan(dp=32, tp=2, ep=8, engine="megatron", zero_stage=1, sequence_parallel=True),
+        Plan(dp=32, tp=2, ep=8, expert_tp=2, engine="megatron", zero_stage=1, sequence_parallel=True),
+        Plan(dp=64, ep=4, engine="deepspeed", zero_stage=2),
+    ]
+    table = PlanTable.from_plans(plans)
+    assert moe.expert_data_parallel(table).tolist() == [8, 4, 16]
+    assert moe.ep_stride(table).tolist() == [1, 2, 1]
+    assert moe.gather_group(table).tolist() == [1, 2, 1]  # DeepSpeed regathers over its TP ranks (tp 1 here)
+
+
+def test_all_to_all_crosses_the_network_once_the_ep_group_outgrows_a_node():
+    gpu = H100.gpu
+    links = moe.comm.Links()
+    one_gib = 2.0**30  # large enough that NCCL's latency is lost in the bandwidth term
+    inside = moe.all_to_all_time_s(one_gib, 8, 1, 8, gpu, links)
+    across = moe.all_to_all_time_s(one_gib, 16, 1, 8, gpu, links)
+    # Inside a node: 7/8 of the message over NVLink; across two: half of it through the rank's NIC.
+    nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
+    nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * links.inter_efficiency
+    assert inside == pytest.approx(one_gib * 7 / 8 / nvlink, rel=0.02)
+    assert across == pytest.approx(one_gib * 8 / 16 / nic, rel=0.02)
+    assert across > 5 * inside
+    within, spanning = (
+        estimate(FINE, H100, Plan(dp=64, ep=ep, engine="megatron", zero_stage=1, grad_accum=4), WORK)
+        for ep in (8, 16)
+    )
+    assert spanning.time_breakdown_s.ep_comm > 3 * within.time_breakdown_s.ep_comm
+
+
+def test_load_imbalance_slows_dropless_plans_and_capacity_pads_to_its_factor():
+    plan = Plan(dp=64, ep=8, engine="megatron", zero_stage=1, grad_accum=4, recompute="full")
+    balanced, skewed = (
+        estimate(MIXTRAL, H100, plan, WORK.model_copy(update={"moe_load_imbalance": x})) for x in (1.0, 2.0)
+    )
+    assert skewed.tokens_per_s < 0.9 * balanced.tokens_per_s
+    # Twice the bytes through the busiest rank (NCCL's per-call latency does not grow with them).
+    ratio = skewed.time_breakdown_s.ep_comm / balanced.time_breakdown_s.ep_comm
+    assert 1.6 < ratio < 2.0
+    capacity = MIXTRAL.model_copy(
+        update={"moe": MIXTRAL.moe.model_copy(update={"router": "capacity", "capacity_factor": 1.0})}
+    )
+    padded = estimate(capacity, H100, plan, WORK.model_copy(update={"moe_load_imbalance": 2.0}))
+    assert padded.tokens_per_s == pytest.approx(balanced.tokens_per_s, rel=1e-9)  # cf 1.0 = balanced
+
+
+def test_busiest_rank_averages_over_its_experts_unless_the_engine_pads_them():
+    table = PlanTable.from_plans(
+        [Plan(dp=64, ep=ep, engine=engine, zero_stage=1) for ep in (64, 4) for engine in ("megatron", "deepspeed")]
+    )
+    load = moe.load_factor(FINE, table, 1.5)
+    # One expert per rank: the expert's own imbalance; 16 per rank: 1 + 0.5/4, but DeepSpeed pads.
+    assert load.tolist() == pytest.approx([1.5, 1.5, 1.125, 1.5])
+
+
+def test_dense_model_is_unchanged_by_the_moe_terms():
+    dense = MIXTRAL.model_copy(update={"moe": None})
+    e = estimate(dense, H100, Plan(dp=64, zero_stage=1, grad_accum=4), WORK)
+    assert e.memory_per_gpu_bytes.experts == 0 and e.time_breakdown_s.ep_comm == 0
+
+
+def test_full_recompute_keeps_no_expert_activations_but_replays_the_all_to_all():
+    plan = Plan(dp=64, ep=8, engine="megatron", zero_stage=1, grad_accum=4)
+    none, full = (estimate(MIXTRAL, H100, plan.model_copy(update={"recompute": r}), WORK) for r in ("none", "full"))
+    assert full.memory_per_gpu_bytes.activations < 0.2 * none.memory_per_gpu_bytes.activations
+    assert full.time_breakdown_s.ep_comm == pytest.approx(1.5 * none.time_breakdown_s.ep_comm)
+
+
+@pytest.mark.parametrize(
+    ("model", "plan", "field", "fragment"),
+    [
+        (MIXTRAL.model_copy(update={"moe": None}), dict(dp=8, ep=8, engine="megatron", zero_stage=1), "ep", "no routed experts"),
+        (MIXTRAL, dict(dp=8, ep=3 * 1, tp=1, engine="megatron", zero_stage=1), "ep", None),
+        (MIXTRAL, dict(dp=8, ep=8, engine="deepspeed", zero_stage=3), "zero_stage", "with MoE blocks deepspeed supports zero_stage 0, 1 or 2"),
+        (MIXTRAL.model_copy(update={"moe": MIXTRAL.moe.model_copy(update={"router": "capacity", "capacity_factor": 1.25})}),
+         dict(dp=8, ep=8, engine="fsdp", zero_stage=3), "engine", "fsdp has no capacity router"),
+        (MIXTRAL, dict(dp=4, tp=2, ep=8, expert_tp=2, engine="megatron", zero_stage=1, sequence_parallel=True), "ep", "ep·expert_tp = 16 does not divide the 8 ranks"),
+        (MIXTRAL, dict(dp=4, tp=2, ep=4, expert_tp=2, engine="fsdp", zero_stage=3), "expert_tp", "fsdp splits experts never"),
+    ],
+)  # fmt: skip
+def test_bad_expert_layouts_name_the_field(model, plan, field, fragment):
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1)
+    problem = plan_problem(Plan.model_construct(**{**Plan().model_dump(), **plan}), model, cluster)
+    if fragment is None:  # ep 3 does not divide 8 experts
+        plan["ep"] = 3
+        problem = plan_problem(Plan.model_construct(**{**Plan().model_dump(), **plan}), model, cluster)
+        fragment = "ep 3 does not divide num_experts 8"
+    assert problem is not None and problem[0] == field and fragment in problem[1], problem
