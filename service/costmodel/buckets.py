@@ -24,6 +24,7 @@ import numpy as np
 
 from service.costmodel.memory import stage_layers
 from service.costmodel.types import Num
+from service.spec.attention import MLASpec
 from service.spec.model import ModelSpec
 
 PARAM_GATHER_CALLS = 1.0
@@ -31,11 +32,26 @@ PARAM_GATHER_CALLS = 1.0
 
 def block_tensor_elements(model: ModelSpec, tp: int) -> list[float]:
     """One block's weight tensors on one TP rank, in registration order (Hugging Face Llama: q, k, v, o,
-    the MLP's gate and up (swiglu) or in, then out, then the two norms)."""
-    h, kv, f = model.hidden_size, model.kv_heads * model.head_dim, model.ffn_hidden_size
-    attention = [h * h / tp, h * kv / tp, h * kv / tp, h * h / tp]
+    the MLP's gate and up (swiglu) or in, then out, then the two norms). Multi-head latent attention
+    (transformers' `DeepseekV3Attention`) registers each down-projection, whole on every rank, with its
+    latent RMSNorm after it."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    latent_norms = {} if model.mla is None else _latent_norms(model.mla)
+    attention: list[float] = []
+    for p in model.attention_projections:
+        attention.append(p.elements / tp if p.split != "none" else float(p.elements))
+        if p.name in latent_norms:
+            attention.append(float(latent_norms[p.name]))
     mlp = [h * f / tp] * (2 if model.mlp == "swiglu" else 1) + [f * h / tp]
     return [*attention, *mlp, float(h), float(h)]
+
+
+def _latent_norms(mla: MLASpec) -> dict[str, int]:
+    """MLA's latent RMSNorms by the projection they follow: q_a_layernorm, kv_a_layernorm."""
+    norms = {"kv_a_proj_with_mqa": mla.kv_lora_rank}
+    if mla.q_lora_rank is not None:
+        norms["q_a_proj"] = mla.q_lora_rank
+    return norms
 
 
 def greedy_calls(tensors: list[float], bucket: float) -> int:

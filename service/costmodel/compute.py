@@ -11,6 +11,7 @@ import numpy as np
 
 from service.costmodel.flops import attention_core_flops_forward
 from service.costmodel.types import Num
+from service.spec.attention import Projection
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
 
@@ -49,10 +50,23 @@ def attention_gemm_time_forward_s(
     model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, peak_flops: Num, d: Num
 ) -> Num:
     """Forward QKV and output projections of one block on one TP rank: QKV column-parallel (split n),
-    output row-parallel (split k) (Megatron-LM §3)."""
-    h, kv = model.hidden_size, model.kv_heads * model.head_dim
-    qkv = gemm_time_s(tokens, (h + 2 * kv) / tp, h, gpu, peak_flops, d)
-    return qkv + gemm_time_s(tokens, h, h / tp, gpu, peak_flops, d)
+    output row-parallel (split k) (Megatron-LM §3). Widths are the heads' (`ModelSpec.q_width`,
+    `kv_width`, `attention_out_width`: hidden_size when head_dim = h / heads). Multi-head latent attention
+    runs its projections one by one (`ModelSpec.attention_projections`), its down-projections whole on
+    every rank."""
+    if model.mla is not None:
+        return sum(_projection_time_s(p, tokens, tp, gpu, peak_flops, d) for p in model.attention_projections)
+    h = model.hidden_size
+    qkv = gemm_time_s(tokens, (model.q_width + model.kv_width) / tp, h, gpu, peak_flops, d)
+    return qkv + gemm_time_s(tokens, h, model.attention_out_width / tp, gpu, peak_flops, d)
+
+
+def _projection_time_s(p: Projection, tokens: Num, tp: Num, gpu: GPUSpec, peak_flops: Num, d: Num) -> Num:
+    """One weight matrix's forward GEMM on one TP rank: column-parallel splits its outputs, row-parallel
+    its inputs, a replicated one runs whole."""
+    n = p.out_features / tp if p.split == "column" else p.out_features
+    k = p.in_features / tp if p.split == "row" else p.in_features
+    return gemm_time_s(tokens, n, k, gpu, peak_flops, d)
 
 
 def layer_gemm_time_forward_s(
@@ -94,18 +108,25 @@ def attention_time_forward_s(
         return attention_core_flops_forward(model, tokens, seq_len, tp) / (peak_flops * efficiency)
     heads = model.num_attention_heads / tp
     batches = tokens / seq_len * heads
-    bmm = 2 * batches * gemm_time_s(np.asarray(float(seq_len)), seq_len, model.head_dim, gpu, peak_flops, d)
+    s = np.asarray(float(seq_len))
+    # Q·Kᵀ contracts the query/key head width, P·V yields the value width (they differ under MLA).
+    scores_gemm = gemm_time_s(s, seq_len, model.head_dim, gpu, peak_flops, d)
+    context_gemm = gemm_time_s(s, seq_len, model.v_head_dim, gpu, peak_flops, d)
+    bmm = batches * (scores_gemm + context_gemm)
     scores = tokens * 10 * heads * seq_len * d / 2 / (gpu.hbm_bandwidth_gb_per_s * 1e9)
     return bmm + scores
 
 
 def elementwise_bytes_per_token_forward(model: ModelSpec, tp: Num, d: Num, fused: Num = False) -> Num:
     """HBM bytes the non-matmul ops of one block move per token in forward, as eager PyTorch modules or
-    as fused kernels (see the constants above)."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    as fused kernels (see the constants above). Rotary turns `ModelSpec.rotary_width` features (q and k;
+    MLA's rope part); MLA's two latent RMSNorms count as the block's norms do, per element, whole on
+    every rank."""
+    h, f, rotary = model.hidden_size, model.ffn_hidden_size, model.rotary_width
+    latent = model.latent_norm_width
     gated = model.mlp == "swiglu"
-    eager = 2 * 17 * h + 10 * h + (6 * 2 * (h + kv) + 5 * f * (2 if gated else 1) / 2) / tp
-    one_pass = 2 * 2 * h + 2 * 3 * h + (2 * (h + kv) + (3 if gated else 2) * f) / tp
+    eager = 2 * 17 * h + 17 * latent + 10 * h + (6 * 2 * rotary + 5 * f * (2 if gated else 1) / 2) / tp
+    one_pass = 2 * 2 * h + 2 * latent + 2 * 3 * h + (2 * rotary + (3 if gated else 2) * f) / tp
     return d * np.where(fused, one_pass, eager)
 
 

@@ -20,13 +20,17 @@ def model_flops_per_token(model: ModelSpec, seq_len: Num | int) -> Num:
 
     The PaLM convention (Chowdhery et al. 2022, Appendix B): 6N for the matmuls of forward and backward,
     plus 12·L·h·s for the attention scores and their product with V, counted without causal masking
-    and without recompute.
+    and without recompute. Q·Kᵀ contracts the heads' query/key width and P·V yields their value width, so
+    2h is `q_width + attention_out_width` where heads are not h / a wide (Qwen3's head_dim, MLA's 192 and
+    128): 6·L·s·(q_width + attention_out_width).
     """
-    attention = 12 * model.num_layers * model.hidden_size * np.asarray(seq_len, dtype=float)
+    widths = model.q_width + model.attention_out_width
+    attention = 6 * model.num_layers * widths * np.asarray(seq_len, dtype=float)
     return 6.0 * matmul_params(model) + attention
 
 
 def attention_core_flops_forward(model: ModelSpec, tokens: Num, seq_len: int, tp: Num) -> Num:
     """Forward FLOPs of Q·Kᵀ and P·V for one layer, per TP rank, with causal masking skipping half:
-    2 matmuls × 2·s·h FLOPs per token / 2 (Dao 2023, FlashAttention-2, §4 benchmark FLOP count)."""
-    return 2.0 * tokens * seq_len * model.hidden_size / tp
+    2 matmuls × 2·s·h FLOPs per token / 2 (Dao 2023, FlashAttention-2, §4 benchmark FLOP count), with
+    2h = `q_width + attention_out_width` (see `model_flops_per_token`)."""
+    return tokens * seq_len * (model.q_width + model.attention_out_width) / tp

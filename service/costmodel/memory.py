@@ -60,9 +60,11 @@ def zero_sharded_bytes(
 
 def layer_params_per_gpu(model: ModelSpec, tp: Num) -> Num:
     """One transformer block's parameters on one TP rank: its matrices split by tp, norms whole
-    (Shoeybi et al. 2019, Megatron-LM, §3: column/row-parallel attention and MLP)."""
-    matrices = model.attention_params_per_layer + model.mlp_params_per_layer
-    return matrices / tp + 2 * model.hidden_size
+    (Shoeybi et al. 2019, Megatron-LM, §3: column/row-parallel attention and MLP), and the matrices TP
+    keeps whole (MLA's down-projections, `MLASpec`)."""
+    whole = model.attention_replicated_params_per_layer
+    matrices = model.attention_params_per_layer + model.mlp_params_per_layer - whole
+    return matrices / tp + whole + model.norm_params_per_layer
 
 
 def stage_layers(num_layers: int, pp: Num, virtual_stages: Num = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -120,7 +122,8 @@ def zero3_persistent_params(model: ModelSpec, tp: Num, pp: Num, virtual_stages: 
     `stage3_param_persistence_threshold` (DeepSpeed stage3 config), here the norm weights."""
     threshold = ZeroKnobs.for_model(model).stage3_param_persistence_threshold
     h = model.hidden_size
-    norms = 2 * h * stage_layers(model.num_layers, pp, virtual_stages)[0] + h * (np.asarray(pp) == 1)
+    first_layers = stage_layers(model.num_layers, pp, virtual_stages)[0]
+    norms = model.norm_params_per_layer * first_layers + h * (np.asarray(pp) == 1)
     small = norms if h < threshold else np.zeros_like(norms, dtype=float)
     return np.asarray(small, dtype=float) * np.ones_like(tp, dtype=float)
 
@@ -169,7 +172,10 @@ def activation_bytes_per_token_per_layer(
       - each RMSNorm: its fp32 input (4h) and normalised output in d (d·h), then its result (d·h, the
         next matmuls' input) → 2 × (4 + 2d)h;
       - attention: what SDPA keeps, roped q and k, v and its output (o_proj's input), d(2h + 2kv), plus an
-        fp32 log-sum-exp per head (4a); rope's multiplies by cos/sin save only cos/sin;
+        fp32 log-sum-exp per head (4a); rope's multiplies by cos/sin save only cos/sin; 2h + 2kv is
+        `q_width + kv_width + attention_out_width` where heads are not h / a wide; MLA (`MLASpec`) also
+        keeps its two latent RMSNorms' tensors as the block's norms do, (4 + 2d) per latent element, whole
+        on every TP rank (its down-projections are replicated);
       - MLP (swiglu): gate, silu(gate), up and their product, 4·d·f.
     Measured on the tiny proxy (fp32 and bf16, tests/train) within 0.4 % of this count.
     Tensor parallelism (Megatron-style splits) divides everything after the first
@@ -186,15 +192,21 @@ def activation_bytes_per_token_per_layer(
             model, seq_len, tp, sequence_parallel, recompute, flash
         )
         return korthikanti * d / 2 - discount
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    h, f, heads_width = model.hidden_size, model.ffn_hidden_size, _attention_saved_width(model)
     norms = 2 * (FP32 + 2 * d) * h / np.where(sequence_parallel, tp, 1)
-    attention = (d * (2 * h + 2 * kv) + FP32 * model.num_attention_heads) / tp
+    latent = (FP32 + 2 * d) * model.latent_norm_width
+    attention = (d * heads_width + FP32 * model.num_attention_heads) / tp + latent
     mlp = 4 * d * f / tp
     full = d * h / np.where(sequence_parallel, tp, 1)
     hf = np.select([recompute == 0, recompute == 1], [norms + attention + mlp, norms + mlp], full) - discount
     if not np.any(te):
         return hf
     return np.where(te, te_layer_bytes_per_token(model, tp, sequence_parallel, recompute, d, precision), hf)
+
+
+def _attention_saved_width(model: ModelSpec) -> int:
+    """Features per token fused attention keeps (q, k, v and its output): 2h + 2kv with h / a-wide heads."""
+    return model.q_width + model.kv_width + model.attention_out_width
 
 
 def fp8_saved_input_discount(
@@ -225,7 +237,8 @@ def te_layer_bytes_per_token(
         saves cast) — no fp32 copy of the input, which Hugging Face's RMSNorm keeps.
     Split by tp:
       - attention (fused, no scores): q, k, v and the output, d(2h + 2kv), plus an fp32 log-sum-exp per
-        head (4a); in FP8 the output projection also saves its FP8-cast input (1·h);
+        head (4a); in FP8 the output projection also saves its FP8-cast input (1·h); MLA's latent norms
+        (TENorm) keep their input and output, 2d per latent element, whole on every rank;
       - MLP: the fc1 output the fused SwiGLU backward needs (d·2f) and fc2's input (d·f; 1·f in FP8);
         GeLU MLPs keep fc1's output (d·f) and fc2's input (d·f, 1·f in FP8).
     TE `module/layernorm_linear.py`, `layernorm_mlp.py`, `linear.py` (`ctx.save_for_backward`), Megatron-Core
@@ -234,11 +247,13 @@ def te_layer_bytes_per_token(
     and v to the checkpoint, which keeps them; linear_proj keeps the output as its input), so with a fused
     kernel it drops only the log-sum-exp. Full recompute keeps the block input (d·h), as for the Hugging
     Face count."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    h, f, heads_width = model.hidden_size, model.ffn_hidden_size, _attention_saved_width(model)
     g = np.where(np.asarray(precision) == PRECISION_FP8, 1, d)  # bytes of a saved GEMM input
     split = np.where(sequence_parallel, tp, 1)
     norm = (d + g) * h / split  # each of the two norms: its input and its output (the GEMM input)
-    attention = (d * (2 * h + 2 * kv) + FP32 * model.num_attention_heads + (g < d) * h) / tp
+    out = model.attention_out_width
+    latent = 2 * d * model.latent_norm_width
+    attention = (d * heads_width + FP32 * model.num_attention_heads + (g < d) * out) / tp + latent
     gate = 2 if model.mlp == "swiglu" else 1
     mlp = (d * gate * f + g * f) / tp
     full = d * h / split

@@ -43,12 +43,18 @@ def selective_recompute_s(
 def matmul_output_features(model: ModelSpec, tp: Num, sequence_parallel: Num) -> list[Num]:
     """Output width of each matmul of a block on one TP rank, in the order forward runs them (the order of
     `data_parallel.module_elements_per_block`): column-parallel outputs are split by tp; the row-parallel
-    ones (attention output, MLP out) are whole, or split by sequence parallelism's reduce-scatter."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
+    ones (attention output, MLP out) are whole, or split by sequence parallelism's reduce-scatter; MLA's
+    down-projections, replicated, are whole."""
+    h, f = model.hidden_size, model.ffn_hidden_size
     row = h / np.where(sequence_parallel, tp, 1)
-    if model.weight_matrices_per_block == 7:
-        return [h / tp, kv / tp, kv / tp, row, f / tp, f / tp, row]
-    return [(h + 2 * kv) / tp, row, f / tp, row]
+    mlp = [f / tp, f / tp, row] if model.mlp == "swiglu" else [f / tp, row]
+    if model.mla is None and model.weight_matrices_per_block != 7:  # GPT style: QKV fused
+        return [(model.q_width + model.kv_width) / tp, row, f / tp, row]
+    attention = [
+        p.out_features / tp if p.split == "column" else row if p.split == "row" else p.out_features
+        for p in model.attention_projections
+    ]
+    return attention + mlp
 
 
 def selective_bytes_per_token_per_layer(
@@ -75,7 +81,7 @@ def selective_bytes_per_token_per_layer(
         return (kept * full + (model.num_layers - kept) * none) / model.num_layers
     if kind == "every_other_matmul":
         saved = sum(matmul_output_features(model, tp, sequence_parallel)[0::2])
-        attention_out = model.hidden_size / tp
+        attention_out = model.attention_out_width / tp
         block_input = model.hidden_size / np.where(sequence_parallel, tp, 1)
         return d * (block_input + saved + attention_out) + FP32 * model.num_attention_heads / tp
     return attention_block

@@ -59,10 +59,12 @@ def _megatron_tp_backward_s(
     row-parallel layers (half of an all-reduce each). The hidden part costs `contention` of its time
     (`comm.overlapped_exposed_s`) and whatever outlasts the GEMMs behind it: the weight-gradient GEMMs
     of the column-parallel layers, a share of the block's GEMM time by their parameters (twice that with
-    SP, the input-gradient GEMMs too).
+    SP, the input-gradient GEMMs too). The column-parallel attention matrices are `q, k, v` (h·(h + 2kv)
+    elements with h / a-wide heads), or MLA's q_b and kv_b (`ModelSpec.attention_projections`).
     """
-    h, kv = model.hidden_size, model.kv_heads * model.head_dim
-    column = h * (h + 2 * kv) + (model.mlp_matrices - 1) * h * model.ffn_hidden_size
+    h = model.hidden_size
+    attention_column = sum(p.elements for p in model.attention_projections if p.split == "column")
+    column = attention_column + (model.mlp_matrices - 1) * h * model.ffn_hidden_size
     window = layer_gemm_s * column / (model.attention_params_per_layer + model.mlp_params_per_layer)
     sp = np.asarray(p.sequence_parallel, dtype=bool)
     # Without SP: 2 all-reduces hidden. With SP: 2 reduce-scatters and 2 input all-gathers (one

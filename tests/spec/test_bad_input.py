@@ -56,7 +56,7 @@ def error_of(path: Path) -> SpecError:
             "cluster.gpu",
             "allowed: a100-sxm-40gb, a100-sxm-80gb, b200-sxm-180gb, cpu, gb200-nvl72",
         ),
-        (lambda d: d.update(model="llama9"), "model", "allowed: codellama-34b, gpt3-175b, llama2-13b"),
+        (lambda d: d.update(model="llama9"), "model", "allowed: codellama-34b, deepseek-v2-lite"),
         (lambda d: d["cluster"].update(gpus_per_node=0), "cluster.gpus_per_node", "greater than 0"),
         (
             lambda d: d["workload"].update(global_batch_tokens=1000),
@@ -177,7 +177,7 @@ def test_catalog_lookups_list_what_exists():
         match="allowed: a100-sxm-40gb, a100-sxm-80gb, b200-sxm-180gb, cpu, gb200-nvl72, h100-sxm-80gb",
     ):
         load_gpu("v100")
-    with pytest.raises(SpecError, match="allowed: codellama-34b, gpt3-175b, llama2-13b, llama2-70b"):
+    with pytest.raises(SpecError, match="allowed: codellama-34b, deepseek-v2-lite, deepseek-v3, gpt3-175b"):
         load_model("gpt-5")
 
 
