@@ -3,9 +3,10 @@
 
 `transformers.AutoConfig` reads the file, so each architecture's own names resolve through its config
 class's `attribute_map` (GPT-2's `n_layer`, MPT's `d_model`, ... answer to `num_hidden_layers` and
-`hidden_size`). What `ModelSpec` cannot say is refused with the field named, never approximated:
-mixture-of-experts layers, a `head_dim` other than hidden_size / num_attention_heads, an architecture
-whose MLP kind is not known here.
+`hidden_size`). Mixture-of-experts blocks and DeepSeek's latent attention are read by hf_moe.py. What
+`ModelSpec` cannot say is refused with the field named, never approximated: experts in an architecture
+not listed there, a `head_dim` other than hidden_size / num_attention_heads where the architecture's
+attention ignores it, an architecture whose MLP kind is not known here.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from service.spec.errors import SpecError, validate_as
+from service.spec.hf_moe import MLA_TYPES, MOE_TYPES, mla_fields, moe_fields, refuse_unmodelled
 from service.spec.model import MAX_LAYERS, ModelSpec  # MAX_LAYERS: a huge count would hang transformers
 
-# MLPs with a gate: three matrices (SwiGLU; Gemma's GeGLU has the same three shapes and FLOPs).
+# MLPs with a gate: three matrices (SwiGLU; Gemma's GeGLU has the same three shapes and FLOPs); the
+# experts of every MoE architecture read here are SwiGLU MLPs too.
 GATED_MLP = frozenset(
     {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "olmo2", "granite", "cohere"}
     | {"stablelm", "smollm3"}
+    | MOE_TYPES
 )
 # Two-matrix MLPs (up, activation, down; Nemotron's squared ReLU too).
 PLAIN_MLP = frozenset(
@@ -31,6 +35,12 @@ PLAIN_MLP = frozenset(
 # the others say it in a config field (`_linear_biases`). GPT-Neo and GPT-J leave some out: not biased.
 BIASED = frozenset({"gpt2", "gpt_neox", "bloom", "gpt_bigcode"})
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+# Attention that sizes its heads by the config's `head_dim` (`getattr(config, "head_dim", None)` in the
+# modeling file); the others take hidden_size / num_attention_heads whatever the config says.
+HEAD_DIM_READ = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "olmo2", "granite", "cohere"}
+    | {"smollm3", "starcoder2", "nemotron", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
+)
 
 
 def is_hf_config(path: str | Path) -> bool:
@@ -133,9 +143,11 @@ def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str |
             where,
         )
     for key in EXPERT_KEYS:
-        experts = data.get(key)
-        if isinstance(experts, int) and experts > 1:
-            raise SpecError(key, f"{experts} experts: mixture-of-experts layers are not modelled", where)
+        experts, kind = data.get(key), data.get("model_type")
+        if kind not in MOE_TYPES and isinstance(experts, int) and experts > 1:
+            known = ", ".join(sorted(MOE_TYPES))
+            message = f"{experts} experts in a {kind} config; MoE architectures read: {known}"
+            raise SpecError(key, message, where)
     for key in ("num_hidden_layers", "n_layer", "n_layers", "num_layers"):
         layers = data.get(key)
         if isinstance(layers, int) and not 0 < layers <= MAX_LAYERS:
@@ -154,16 +166,12 @@ def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str |
 
 def _fields(cfg: Any, name: str, where: str) -> dict[str, Any]:
     """ModelSpec's fields from a transformers config object."""
-    mlp = "swiglu" if cfg.model_type in GATED_MLP else "gelu"
+    kind = cfg.model_type
+    mlp = "swiglu" if kind in GATED_MLP else "gelu"
     hidden, heads = int(cfg.hidden_size), int(cfg.num_attention_heads)
-    head_dim = getattr(cfg, "head_dim", None)
-    if head_dim and heads and int(head_dim) * heads != hidden:
-        raise SpecError(
-            "head_dim",
-            f"{head_dim} × {heads} heads ≠ hidden_size {hidden}: ModelSpec ties head_dim to "
-            "hidden_size / num_attention_heads",
-            where,
-        )
+    if kind in MOE_TYPES:
+        refuse_unmodelled(cfg, where)
+    attention = _attention_fields(cfg, hidden, heads, where)
     projection = getattr(cfg, "word_embed_proj_dim", None)  # OPT-350m: embeddings narrower than the blocks
     if projection and int(projection) != hidden:
         raise SpecError(
@@ -182,4 +190,25 @@ def _fields(cfg: Any, name: str, where: str) -> dict[str, Any]:
         "mlp": mlp,
         "tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False)),
         "linear_biases": _linear_biases(cfg),
+        **attention,
+        **({"moe": moe_fields(cfg, where)} if kind in MOE_TYPES else {}),
     }
+
+
+def _attention_fields(cfg: Any, hidden: int, heads: int, where: str) -> dict[str, Any]:
+    """`mla` for DeepSeek's latent attention (whose config `head_dim` is the rotary width), `head_dim`
+    where the architecture sizes its heads by it; refused where it does not and it differs."""
+    kind = cfg.model_type
+    if kind in MLA_TYPES:
+        return {"mla": mla_fields(cfg, where)}
+    head_dim = getattr(cfg, "head_dim", None)
+    if not head_dim or not heads or int(head_dim) * heads == hidden:
+        return {}
+    if kind in HEAD_DIM_READ:
+        return {"head_dim": head_dim}
+    raise SpecError(
+        "head_dim",
+        f"{head_dim} × {heads} heads ≠ hidden_size {hidden}: {kind}'s attention takes hidden_size / "
+        "num_attention_heads",
+        where,
+    )

@@ -88,6 +88,18 @@ def test_grouped_query_and_plain_mlp_architectures() -> None:
     assert (mpt.num_layers, mpt.hidden_size, mpt.ffn_hidden_size, mpt.kv_heads) == (32, 4096, 16384, 32)
 
 
+def test_a_head_dim_of_its_own_sizes_the_heads() -> None:
+    # google/gemma-7b: 16 heads of 256 on a 3072-wide model (q is 4096 wide); tied embeddings.
+    gemma = {"model_type": "gemma", "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 16}
+    gemma |= {"head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000}
+    spec = model_spec_from_hf(gemma)
+    assert (spec.head_dim, spec.q_width, spec.kv_width, spec.attention_out_width) == (256, 4096, 8192, 4096)
+    assert spec.num_params == 8_537_680_896  # what transformers counts for gemma-7b
+    # A dump names head_dim only where it is not hidden_size / num_attention_heads.
+    assert spec.model_dump()["head_dim"] == 256
+    assert "head_dim" not in model_spec_from_hf(MISTRAL_7B).model_dump()
+
+
 def test_biases_follow_the_architecture_or_its_switch() -> None:
     # GPT-2 biases every linear layer and LayerNorm; Llama none unless both of its switches are on;
     # MPT's default no_bias drops them; OPT's enable_bias and Falcon's bias say it outright.
@@ -116,12 +128,12 @@ def test_biases_follow_the_architecture_or_its_switch() -> None:
 @pytest.mark.parametrize(
     ("data", "field", "words"),
     [
-        ({**MISTRAL_7B, "model_type": "mixtral", "num_local_experts": 8}, "num_local_experts", "experts"),
+        ({**MISTRAL_7B, "num_local_experts": 8}, "num_local_experts", "8 experts in a mistral config"),
         (
-            {"model_type": "gemma", "num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 16}
-            | {"head_dim": 256, "intermediate_size": 24576, "vocab_size": 256000},
+            {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 1024, "num_attention_heads": 16}
+            | {"head_dim": 128, "intermediate_size": 4096, "vocab_size": 50304},
             "head_dim",
-            "256 × 16 heads",
+            "gpt_neox's attention takes hidden_size / num_attention_heads",
         ),
         ({**LLAMA2_13B, "model_type": "t5"}, "model_type", "MLP kind unknown"),
         ({k: v for k, v in LLAMA2_13B.items() if k != "model_type"}, "model_type", "missing"),
