@@ -9,14 +9,22 @@ from service.spec.model import ModelSpec
 
 
 def matmul_params(model: ModelSpec) -> int:
-    """Parameters that take part in matmuls: every block's matrices and the output projection
-    (embedding lookups and norms do no matmul work)."""
-    per_layer = model.attention_params_per_layer + model.mlp_params_per_layer
-    return model.num_layers * per_layer + model.vocab_size * model.hidden_size
+    """Parameters a token's matmuls use: every block's matrices and the output projection (embedding
+    lookups and norms do no matmul work). In a MoE model, the router, the shared experts and the token's
+    top-k routed experts: its active matrices (Fedus et al. 2021, Switch Transformer §2: FLOPs per token
+    follow the active parameters)."""
+    dense = model.dense_view()
+    per_layer = dense.attention_params_per_layer + dense.mlp_params_per_layer
+    routed = 0
+    if model.moe is not None:
+        per_expert = model.expert_params_per_moe_layer // model.moe.num_experts
+        routed = model.num_moe_layers * model.moe.experts_per_token * per_expert
+    return model.num_layers * per_layer + routed + model.vocab_size * model.hidden_size
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: Num | int) -> Num:
-    """Model FLOPs per trained token, the numerator of MFU: 6·N_matmul + 12·L·h·s.
+    """Model FLOPs per trained token, the numerator of MFU: 6·N_matmul + 12·L·h·s (N_matmul: the active
+    matrices, `matmul_params`).
 
     The PaLM convention (Chowdhery et al. 2022, Appendix B): 6N for the matmuls of forward and backward,
     plus 12·L·h·s for the attention scores and their product with V, counted without causal masking
