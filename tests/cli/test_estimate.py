@@ -82,7 +82,7 @@ def test_estimate_table_output(capsys):
         (["--pp", "3"], ["--pp", "allowed --pp for this model and cluster: 1, 2, 4, 8, 16, 32"]),
         (["--gpus", "12"], ["--gpus", "not a whole number of nodes", "allowed: a multiple of 8"]),
         (["--gpu", "h900"], ["--gpu", "unknown GPU 'h900'", "allowed: a100-sxm-40gb"]),
-        (["--model", "llama9"], ["--model", "unknown model 'llama9'", "allowed: codellama-34b, gpt3-175b"]),
+        (["--model", "llama9"], ["--model", "unknown model 'llama9'", "allowed: codellama-34b, deepseek-v2-lite"]),
         (["--zero", "2", "--pp", "2"], ["--zero", "zero_stage 0 or 1 only"]),
         (["--offload-params", "--zero", "2"], ["--offload-params", "needs zero_stage 3"]),
         (["--sequence-parallel"], ["--sequence-parallel", "needs tp > 1"]),
@@ -247,3 +247,47 @@ def test_selective_recompute_flag(capsys):
     assert op["inputs"]["selective_recompute"] == "every_other_matmul"
     assert op["memory_per_gpu_bytes"]["activations"] < block["memory_per_gpu_bytes"]["activations"]
     assert op["time_breakdown_s"]["recompute"] != block["time_breakdown_s"]["recompute"]
+
+
+MIXTRAL_CONFIG = {  # mistralai/Mixtral-8x7B-v0.1 config.json, the fields a ModelSpec reads
+    "model_type": "mixtral", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "num_local_experts": 8,
+    "num_experts_per_tok": 2, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def test_estimate_a_mixtral_config_with_expert_parallelism(capsys, tmp_path):
+    config = tmp_path / "mixtral" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(MIXTRAL_CONFIG))
+    flags = ["--model", str(config), "--gpu", "h100-sxm-80gb", "--gpus", "64", "--engine", "megatron"]
+    flags += ["--ep", "8", "--zero", "1", "--grad-accum", "4", "--recompute", "full", "--json"]
+    assert main(["estimate", *flags]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["label"] == "megatron:dp64-tp1-pp1-ep8-z1-mb1-ga4-rc:full"
+    memory = data["memory_per_gpu_bytes"]
+    # The routed experts apart: 45.1B expert parameters over 8 EP ranks, ZeRO-1 over the 8 expert replicas.
+    psi = 32 * 8 * 3 * 4096 * 14336 / 8
+    assert memory["experts"] == pytest.approx(4 * psi + 12 * psi / 8)
+    assert data["inputs"]["active_params"] / 1e9 == pytest.approx(12.88, abs=0.01)
+    low, high = data["tokens_per_s_interval"]
+    assert low < data["tokens_per_s"] < high
+    assert 0.2 < data["mfu"] < 0.7  # on active FLOPs
+    assert data["time_breakdown_s"]["ep_comm"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ep", "3"], "--ep: ep 3 does not divide num_experts 8"),
+        (["--ep", "8", "--zero", "3"], "--zero: "),
+        (["--expert-tp", "2"], "--expert-tp: "),
+    ],
+)
+def test_bad_expert_flags_name_the_flag(capsys, tmp_path, flags, message):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(MIXTRAL_CONFIG))
+    base = ["estimate", "--model", str(config), "--gpu", "h100-sxm-80gb", "--gpus", "8"]
+    assert main([*base, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
