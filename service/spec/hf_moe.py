@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.spec.errors import SpecError
+from service.spec.model import MAX_EXPERTS
 
 # model_type → (routed experts, experts per token, expert width) keys.
 EXPERT_FIELDS = {
@@ -58,8 +59,8 @@ def moe_fields(cfg: Any, where: str) -> dict[str, Any]:
     kind = cfg.model_type
     experts_key, top_k_key, width_key = EXPERT_FIELDS[kind]
     experts = _count(cfg, experts_key, where, 0)
-    if experts < 2:
-        message = f"{experts}: a mixture-of-experts block routes to at least 2 experts"
+    if not 2 <= experts <= MAX_EXPERTS:
+        message = f"{experts} experts: a mixture-of-experts block routes to 2 to {MAX_EXPERTS:,}"
         raise SpecError(experts_key, message, where)
     top_k = _count(cfg, top_k_key, where, 1)
     if top_k > experts:
@@ -114,8 +115,9 @@ def _layer_pattern(cfg: Any, where: str) -> dict[str, int]:
     step = _count(cfg, "decoder_sparse_step", where, 1)
     dense = getattr(cfg, "mlp_only_layers", None) or []
     if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
-        raise SpecError("mlp_only_layers", f"{dense!r}: expected a list of block indices", where)
-    moe = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+        raise SpecError("mlp_only_layers", f"{_listed(dense)}: expected a list of block indices", where)
+    dense_set = set(dense)
+    moe = [i for i in range(layers) if i not in dense_set and (i + 1) % step == 0]
     if not moe:
         key = "mlp_only_layers" if dense else "decoder_sparse_step"
         value = _listed(dense) if dense else step
@@ -127,11 +129,11 @@ def _layer_pattern(cfg: Any, where: str) -> dict[str, int]:
     return {"first_dense_layers": first, "layer_frequency": step}
 
 
-def _listed(indices: list[int]) -> str:
+def _listed(indices: object) -> str:
     """A list of block indices short enough for a one-line message."""
-    if len(indices) <= 6:
-        return str(indices)
-    return f"[{', '.join(map(str, indices[:5]))}, … ({len(indices)} blocks)]"
+    if not isinstance(indices, list) or len(indices) <= 6:
+        return repr(indices)[:80]
+    return f"[{', '.join(map(repr, indices[:5]))}, … ({len(indices)} entries)]"
 
 
 def mla_fields(cfg: Any, where: str) -> dict[str, Any]:

@@ -18,6 +18,9 @@ from service.spec.errors import SpecError
 
 # More blocks than any model built; transformers builds per-layer lists from the count (hf_config.py).
 MAX_LAYERS = 10_000
+# As many experts per block as any model built (PEER, He 2024, "Mixture of A Million Experts": 1024²); the
+# planner tries every divisor of the count as an expert-parallel degree (plans/enumerate.py).
+MAX_EXPERTS = 1 << 20
 
 Router = Literal["dropless", "capacity"]
 
@@ -41,7 +44,7 @@ class MoESpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_experts: int = Field(ge=2, description="Routed experts per MoE block.")
+    num_experts: int = Field(ge=2, le=MAX_EXPERTS, description="Routed experts per MoE block.")
     experts_per_token: int = Field(ge=1, description="Routed experts each token visits (top-k).")
     expert_ffn_hidden_size: int = Field(gt=0, description="Inner width of one routed expert's MLP.")
     num_shared_experts: int = Field(0, ge=0, description="Experts every token passes through.")

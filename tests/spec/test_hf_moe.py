@@ -96,8 +96,9 @@ def test_routers_are_dropless_unless_the_config_gives_a_capacity() -> None:
     ("name", "changes", "field", "words"),
     [
         ("mixtral-8x7b", {"num_experts_per_tok": 9}, "num_experts_per_tok", "9 exceeds num_local_experts 8"),
-        ("mixtral-8x7b", {"num_local_experts": 0}, "num_local_experts", "0: a mixture-of-experts block"),
-        ("qwen3-30b-a3b", {"num_experts": 1}, "num_experts", "at least 2 experts"),
+        ("mixtral-8x7b", {"num_local_experts": 0}, "num_local_experts", "0 experts: a mixture-of-experts"),
+        ("qwen3-30b-a3b", {"num_experts": 1}, "num_experts", "routes to 2 to 1,048,576"),
+        ("qwen3-30b-a3b", {"num_experts": 10**12}, "num_experts", "routes to 2 to 1,048,576"),
         ("qwen3-30b-a3b", {"num_experts_per_tok": 0}, "num_experts_per_tok", "expected at least 1"),
         ("olmoe-1b-7b", {"intermediate_size": 0}, "intermediate_size", "expected at least 1"),
         ("deepseek-v3", {"num_nextn_predict_layers": 1}, "num_nextn_predict_layers", "set it to 0"),
@@ -108,6 +109,12 @@ def test_routers_are_dropless_unless_the_config_gives_a_capacity() -> None:
         ("qwen3-30b-a3b", {"mlp_only_layers": [5]}, "mlp_only_layers", "other than the leading ones"),
         ("qwen3-30b-a3b", {"mlp_only_layers": list(range(48))}, "mlp_only_layers", "no MoE block"),
         ("qwen3-30b-a3b", {"decoder_sparse_step": 0}, "decoder_sparse_step", "expected at least 1"),
+        (
+            "qwen3-30b-a3b",
+            {"mlp_only_layers": list(range(1, 200_001))},
+            "mlp_only_layers",
+            "[1, 2, 3, 4, 5, … (200000 entries)]: dense blocks other than the leading ones",
+        ),
         ("mixtral-8x7b", {"model_type": "mistral"}, "num_local_experts", "8 experts in a mistral config"),
     ],
 )

@@ -45,6 +45,7 @@ def test_moe_layer_pattern_counts_blocks() -> None:
     ("moe", "field"),
     [
         ({"experts_per_token": 9}, "experts_per_token"),
+        ({"num_experts": 2**21}, "num_experts"),  # above MAX_EXPERTS: the planner tries its divisors
         ({"router": "capacity"}, "capacity_factor"),
         ({"router": "capacity", "capacity_factor": 0.5}, "capacity_factor"),
         ({"capacity_factor": 1.25}, "capacity_factor"),
