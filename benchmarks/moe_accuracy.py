@@ -86,7 +86,8 @@ def score(params_path: str | None = None) -> dict[str, Any]:
             gpn = row["gpus_per_node"]
             cluster = ClusterSpec(gpu=row["gpu"], num_nodes=row["num_gpus"] // gpn, gpus_per_node=gpn)
             plan = Plan.model_construct(**{**Plan().model_dump(), **{f: row[f] for f in PLAN_FIELDS if f in row}})
-            plan = plan.model_copy(update={"precision": "fp8" if "fp8" in row["precision"] else "bf16"})
+            precision = "fp8" if "fp8" in row["precision"] else "bf16"
+            plan = plan.model_copy(update={"precision": precision, "ep_comm_overlap": bool(row.get("a2a_overlap"))})
             problem = plan_problem(plan, model, cluster)
             reason = f"layout outside the plan space ({problem[0]}: {problem[1]})" if problem else None
         if reason:

@@ -38,6 +38,7 @@ FLAGS = {
     "comm_overlap": "--comm-overlap",
     "tp_comm_overlap": "--tp-comm-overlap",
     "ep": "--ep",
+    "ep_comm_overlap": "--ep-comm-overlap",
     "expert_tp": "--expert-tp",
     "moe_load_imbalance": "--moe-load-imbalance",
 }
@@ -74,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=1,
         help="Tensor-parallel degree inside each expert (megatron: any; deepspeed, fsdp: 1 or --tp).",
+    )
+    a(
+        "--ep-comm-overlap",
+        action="store_true",
+        help="Megatron-Core's 1F1B MoE all-to-all overlap (megatron; with pp > 1 needs --virtual-stages).",
     )
     a(
         "--moe-load-imbalance",
@@ -239,7 +245,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         zero_quantized_weights=args.zero_quantized_weights,
         zero_quantized_gradients=args.zero_quantized_gradients,
         comm_overlap=args.comm_overlap, tp_comm_overlap=args.tp_comm_overlap,
-        ep=args.ep, expert_tp=args.expert_tp,
+        ep=args.ep, expert_tp=args.expert_tp, ep_comm_overlap=args.ep_comm_overlap,
     )  # fmt: skip
     if args.gpus % (args.tp * args.pp * args.cp):
         field = "pp" if args.gpus % args.pp else "cp" if args.gpus % args.cp else "tp"

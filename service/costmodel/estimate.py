@@ -269,12 +269,11 @@ def _times(
     pp_mb = pipeline.pp_comm_per_micro_batch_s(
         cluster, p, tokens * model.hidden_size * d, gpu, net, fwd + bwd, contention
     )
-    # The dispatch and combine all-to-alls run forward, backward and in a fully recomputed forward; an
-    # engine that overlaps them (Megatron-Core's --overlap-moe-expert-parallel-comm, with comm_overlap)
-    # hides them behind another micro-batch's compute, as the other overlapped collectives hide.
+    # The dispatch and combine all-to-alls run forward, backward and in a fully recomputed forward;
+    # Megatron-Core's 1F1B all-to-all overlap (Plan.ep_comm_overlap) hides them behind another
+    # micro-batch's forward and backward, as the other overlapped collectives hide.
     a2a = experts_a2a * (2 + (p.recompute == 2))
-    hides = moe.overlaps_all_to_all(p) & p.comm_overlap
-    ep_mb = np.where(hides, comm.overlapped_exposed_s(a2a, fwd + bwd, contention), a2a)
+    ep_mb = np.where(p.ep_comm_overlap, comm.overlapped_exposed_s(a2a, fwd + bwd, contention), a2a)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     bubble = (p.pp - 1) / v * slot
 

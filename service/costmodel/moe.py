@@ -36,11 +36,6 @@ def _rule(field: str) -> np.ndarray:
     return np.array([getattr(engine_rules(e).expert_parallel, field) for e in ENGINE_CODES])
 
 
-def overlaps_all_to_all(p: PlanTable) -> np.ndarray:
-    """Whether the row's engine can hide the dispatch and combine behind other compute."""
-    return _rule("a2a_overlap")[p.engine]
-
-
 def expert_data_parallel(p: PlanTable) -> np.ndarray:
     """Ranks of a pipeline stage holding the same expert slice, over which expert gradients are reduced
     and ZeRO shards expert states: dp·cp·tp / (ep·expert_tp) (the expert layout folded over the stage's

@@ -151,6 +151,13 @@ def expert_degrees(model: ModelSpec | None) -> list[int]:
     return [e for e in range(1, n + 1) if n % e == 0]
 
 
+def ep_overlap_allowed(table: PlanTable) -> np.ndarray:
+    """Where an engine with the all-to-all overlap can turn it on: a team on Megatron-Core runs it, as
+    NVIDIA's MoE recipes do, without a pipeline or with the interleaved schedule it needs."""
+    overlap = np.array([engine_rules(e).expert_parallel.a2a_overlap for e in ENGINE_CODES])[table.engine]
+    return overlap & ((table.pp == 1) | (table.virtual_stages > 1))
+
+
 def _with_expert_variants(table: PlanTable, model: ModelSpec | None) -> PlanTable:
     """For a MoE model, each row once per `expert_degrees` ep and expert_tp in {1, tp} (the layouts
     NVIDIA's and torchtitan's MoE recipes run; Megatron-Core allows any expert_tp, `outside_space` says
@@ -169,6 +176,7 @@ def _with_expert_variants(table: PlanTable, model: ModelSpec | None) -> PlanTabl
                     rows,
                     ep=np.full(len(rows), ep, dtype=np.int64),
                     expert_tp=rows.tp.copy() if tp_split else np.ones(len(rows), dtype=np.int64),
+                    ep_comm_overlap=ep_overlap_allowed(rows) & (ep > 1),
                 )
             )
     return concat([table, *extra])
@@ -321,6 +329,9 @@ def outside_space(
             f"the planner tries {plan.engine} plans with every overlap its rules allow turned on "
             "(comm_overlap; tp_comm_overlap with sequence_parallel)"
         )
+    table = PlanTable.from_plans([plan])
+    if plan.ep_comm_overlap != bool(ep_overlap_allowed(table)[0] and plan.ep > 1):
+        return "the planner tries expert-parallel plans with the all-to-all overlap on wherever the engine allows it"
     if plan.expert_tp not in (1, plan.tp):
         return "the planner tries expert_tp 1 and expert_tp = tp"
     if plan.precision not in _precisions(precision):

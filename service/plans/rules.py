@@ -41,6 +41,8 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("tp_comm_overlap without sequence_parallel", "tp_comm_overlap", "needs sequence_parallel"),
     ("virtual_stages without pp", "virtual_stages", "virtual_stages > 1 needs pp > 1"),
     ("virtual_stages without an interleaved schedule", "virtual_stages", "no interleaved pipeline schedule"),
+    ("ep_comm_overlap on an engine without it", "ep_comm_overlap", "needs engine"),
+    ("ep_comm_overlap with pp but no interleaving", "ep_comm_overlap", "needs the interleaved schedule"),
     ("expert_tp the engine lacks", "expert_tp", " splits experts "),
     ("tp does not divide attention heads", "tp", "does not divide num_attention_heads"),
     ("tp does not divide KV heads", "tp", "does not divide num_key_value_heads"),
@@ -65,9 +67,9 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
 )
 VALID = 0
-# Codes 1-20 are about combining choices (what an engine supports), never about the model, cluster or
+# Codes 1-22 are about combining choices (what an engine supports), never about the model, cluster or
 # batch; dp = GPUs alone always passes them, so they never explain why a cluster has no valid plan.
-COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:21])
+COMBINATION_REASONS = frozenset(reason for reason, _, _ in INVALID_REASONS[1:23])
 
 
 def reason_code(problem: tuple[str, str] | None) -> int:
@@ -111,6 +113,8 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         p.tp_comm_overlap & ~p.sequence_parallel,
         (p.virtual_stages > 1) & (p.pp == 1),
         (p.virtual_stages > 1) & ~p.engine_column("interleaved_pipeline"),
+        p.ep_comm_overlap & ~_expert_rule("a2a_overlap")[p.engine],
+        p.ep_comm_overlap & (p.pp > 1) & (p.virtual_stages == 1),
         _expert_tp_refused(p),
     ]
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.spec.engine import Engine, engine_rules, engines_with
+from service.spec.engine import ENGINES, Engine, engine_rules, engines_with
 from service.spec.errors import SpecError
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
@@ -105,6 +105,12 @@ class Plan(BaseModel):
         "Engine userbuffers pipeline each TP all-gather / reduce-scatter with its GEMM, forward and "
         "backward.",
     )
+    ep_comm_overlap: bool = Field(
+        False,
+        description="Megatron-Core's --overlap-moe-expert-parallel-comm (megatron): each micro-batch's "
+        "MoE dispatch and combine all-to-alls run behind another micro-batch's compute (1F1B "
+        "all-to-all overlap; with pp > 1 it needs the interleaved schedule).",
+    )
     precision: Precision = Field(
         "bf16",
         description="Compute precision; bf16/fp16 mean mixed precision; fp8 = Transformer Engine's FP8 "
@@ -145,6 +151,7 @@ class Plan(BaseModel):
         sp = "-sp" if self.sequence_parallel and self.tp > 1 else ""
         sp += "-ovl" if self.comm_overlap else ""
         sp += "-tpo" if self.tp_comm_overlap else ""
+        sp += "-epo" if self.ep_comm_overlap else ""
         sp += "-fp8" if self.precision == "fp8" else ""
         vs = f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         vs += f"-cp{self.cp}" if self.cp > 1 else ""
@@ -180,6 +187,12 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "virtual_stages", "virtual_stages > 1 needs pp > 1"
     if plan.virtual_stages > 1 and not engine_rules(plan.engine).interleaved_pipeline:
         return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
+    if plan.ep_comm_overlap and not engine_rules(plan.engine).expert_parallel.a2a_overlap:
+        need = " or ".join(e for e in ENGINES if engine_rules(e).expert_parallel.a2a_overlap)
+        return "ep_comm_overlap", f"ep_comm_overlap (the 1F1B all-to-all overlap) needs engine {need}, not {plan.engine}"
+    if plan.ep_comm_overlap and plan.pp > 1 and plan.virtual_stages == 1:
+        # megatron/core/transformer/transformer_config.py: overlap_moe_expert_parallel_comm with PP needs VPP.
+        return "ep_comm_overlap", "ep_comm_overlap with pp > 1 needs the interleaved schedule (virtual_stages > 1)"
     allowed = {"one": (1,), "one_or_tp": (1, plan.tp)}.get(engine_rules(plan.engine).expert_parallel.expert_tp)
     if allowed is not None and plan.expert_tp not in allowed:
         split = "over its TP ranks or not at all" if len(allowed) > 1 else "never (no expert tensor parallelism)"

@@ -45,6 +45,7 @@ class PlanTable:
     tp_comm_overlap: np.ndarray  # Megatron-Core's TE-userbuffer TP overlap (megatron, with SP)
     ep: np.ndarray  # expert-parallel degree (1 = every rank holds all routed experts)
     expert_tp: np.ndarray  # tensor-parallel degree inside each routed expert
+    ep_comm_overlap: np.ndarray  # Megatron-Core's 1F1B MoE all-to-all overlap
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -72,6 +73,7 @@ class PlanTable:
         cols.setdefault("tp_comm_overlap", np.zeros(n, dtype=bool))
         cols.setdefault("ep", np.ones(n, dtype=np.int64))
         cols.setdefault("expert_tp", np.ones(n, dtype=np.int64))
+        cols.setdefault("ep_comm_overlap", np.zeros(n, dtype=bool))
         return cls(**{k: np.asarray(v, dtype=np.int64 if k in ints else bool) for k, v in cols.items()})
 
     @classmethod
