@@ -41,14 +41,15 @@ def is_ring(engine: Num) -> np.ndarray:
 
 
 def qkvo_bytes(model: ModelSpec, tokens: Num, tp: Num, d: Num) -> Num:
-    """One rank's q, k, v and attention output for `tokens` local tokens: (2h + 2·kv)/tp elements each."""
-    kv = model.kv_heads * model.head_dim
-    return tokens * (2 * model.hidden_size + 2 * kv) / tp * d
+    """One rank's q, k, v and attention output for `tokens` local tokens, per TP rank: the query, key and
+    value widths and the output's (2h + 2·kv with h / heads-wide heads; ModelSpec's widths otherwise)."""
+    widths = model.q_width + model.kv_width + model.attention_out_width
+    return tokens * widths / tp * d
 
 
 def kv_chunk_bytes(model: ModelSpec, tokens: Num, tp: Num, d: Num) -> Num:
     """The K and V of `tokens` local tokens on one TP rank, the message of one ring pass."""
-    return tokens * 2 * model.kv_heads * model.head_dim / tp * d
+    return tokens * model.kv_width / tp * d
 
 
 def ulysses_time_per_layer_s(
@@ -99,7 +100,7 @@ def ulysses_saved_bytes_per_token_per_layer(model: ModelSpec, tp: Num, cp: Num, 
     """
     kv_per_rank = model.kv_heads / tp
     repeated = np.maximum(kv_per_rank, cp) - kv_per_rank
-    extra = d * (model.hidden_size / tp + 2 * repeated * model.head_dim)
+    extra = d * (model.attention_out_width / tp + repeated * (model.head_dim + model.v_head_dim))
     return np.where((cp > 1) & ~is_ring(engine), extra, 0.0)
 
 

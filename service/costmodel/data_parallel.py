@@ -22,10 +22,10 @@ def module_elements_per_block(model: ModelSpec) -> list[int]:
     """Elements of each weight matrix of a block, in the order forward runs them (the modules ZeRO-3
     gathers one by one): Llama style q, k, v, o, gate, up, down; GPT style fused QKV, attention output,
     MLP in, MLP out."""
-    h, f, kv = model.hidden_size, model.ffn_hidden_size, model.kv_heads * model.head_dim
-    if model.weight_matrices_per_block == 7:
-        return [h * h, h * kv, h * kv, h * h, h * f, h * f, f * h]
-    return [h * (h + 2 * kv), h * h, h * f, f * h]
+    h, f = model.hidden_size, model.ffn_hidden_size
+    if model.mla is not None or model.weight_matrices_per_block == 7:
+        return [p.elements for p in model.attention_projections] + [h * f, h * f, f * h]
+    return [h * (model.q_width + model.kv_width), model.attention_out_width * h, h * f, f * h]
 
 
 def held_back_gather_fraction(model: ModelSpec, tp: Num, max_live_elements: int) -> np.ndarray:

@@ -36,6 +36,10 @@ def llama_config(spec: ModelSpec, dtype: torch.dtype = torch.float32) -> Any:
 
     if spec.mlp != "swiglu":
         raise ValueError("the proxy model is Llama (SwiGLU MLP); a gelu ModelSpec has no Llama equivalent")
+    if spec.mla is not None:
+        raise ValueError("the proxy model is Llama: multi-head latent attention (mla) has no Llama equivalent")
+    if spec.moe is not None:
+        raise ValueError("the proxy model is Llama: its MLPs are dense; a MoE ModelSpec (moe) has no proxy yet")
     return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -43,6 +47,7 @@ def llama_config(spec: ModelSpec, dtype: torch.dtype = torch.float32) -> Any:
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
         max_position_embeddings=65536,
         tie_word_embeddings=spec.tie_word_embeddings,
         attention_dropout=0.0,
