@@ -48,7 +48,7 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
 def run_stack(run: MeasuredRun) -> str:
     """The run's software stack (service/spec/stack.py), without its GPU."""
     legacy = run.workload.zero3_collectives == "per_tensor_lists"
-    return str(stack_names(run.plan_table(), legacy)[0])
+    return str(stack_names(run.plan_table(), legacy, run.model.moe is not None)[0])
 
 
 def domain_of(runs: Sequence[MeasuredRun]) -> Domain:

@@ -234,7 +234,7 @@ def _times(
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
-    experts, experts_a2a = _moe_forward_s(whole, cluster, workload, p, layers, gpu, gemm_peak, gemm_d, net)
+    experts, experts_a2a = _moe_forward_s(whole, cluster, workload, p, layers, gpu, gemm_peak, gemm_d, net, params)
     fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head + 2 * experts
@@ -316,6 +316,7 @@ def _moe_forward_s(
     gemm_peak: np.ndarray,
     gemm_d: Num,
     net: comm.Links,
+    params: ModelParams,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(expert compute, token exchange) of one micro-batch's forward through the stage's MoE blocks
     (costmodel/moe.py); zeros for a dense model."""
@@ -326,7 +327,9 @@ def _moe_forward_s(
     moe_layers = layers * model.num_moe_layers / model.num_layers
     gemms = moe.expert_gemm_time_forward_s(model, p, s, gpu, gemm_peak, gemm_d, load)
     router = moe.router_and_permute_time_forward_s(model, p, s, gpu, gemm_peak, d, load)
-    exchange = moe.dispatch_combine_time_s(model, p, s, d, cluster.gpus_per_node, gpu, net, load)
+    exchange = moe.dispatch_combine_time_s(
+        model, p, s, d, cluster.gpus_per_node, gpu, net, load, params["all_to_all_efficiency"]
+    )
     return (gemms + router) * moe_layers, exchange * moe_layers
 
 
@@ -383,7 +386,7 @@ def estimate_table(
     hours = workload.tokens_to_train / tokens_per_s / 3600.0
     dollars_per_hour = cluster.num_gpus * cluster.price_usd_per_gpu_hour
     legacy = workload.zero3_collectives == "per_tensor_lists"
-    stacks = stack_names(p, legacy) if params.domain.stacks else None
+    stacks = stack_names(p, legacy, model.moe is not None) if params.domain.stacks else None
     low, high = interval_bounds(
         tokens_per_s, params, cluster.num_gpus, workload.seq_len, cluster.gpu.name, stacks
     )

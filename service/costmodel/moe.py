@@ -173,16 +173,23 @@ def router_and_permute_time_forward_s(
 
 
 def all_to_all_time_s(
-    message_bytes: Num, group_size: Num, stride: Num, gpus_per_node: int, gpu: GPUSpec, links: comm.Links
+    message_bytes: Num,
+    group_size: Num,
+    stride: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
+    nic_efficiency: float,
 ) -> np.ndarray:
     """One all-to-all in which each rank sends `message_bytes` spread evenly over the group: the share
     bound for its node's other members goes over NVLink, the rest through the rank's own NIC (one per GPU
-    on DGX-class nodes), both at once; the slower sets the time (nccl-tests' alltoall bus bandwidth,
-    (n−1)/n of the message). Plus NCCL's ring latency of n − 1 steps."""
+    on DGX-class nodes) at `nic_efficiency` of its line rate (ModelParams `all_to_all_efficiency`), both
+    at once; the slower sets the time (nccl-tests' alltoall bus bandwidth, (n−1)/n of the message). Plus
+    NCCL's ring latency of n − 1 steps."""
     n = np.asarray(group_size, dtype=float)
     per_node = np.minimum(np.clip(gpus_per_node // np.maximum(stride, 1), 1, None), n)
     nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
-    nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * links.inter_efficiency
+    nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * nic_efficiency
     inside = message_bytes * (per_node - 1) / n / nvlink
     outside = message_bytes * (n - per_node) / n / nic
     latency = comm.ring_latency_s(n, stride, gpus_per_node, gpu, 1, links)
@@ -190,7 +197,15 @@ def all_to_all_time_s(
 
 
 def dispatch_combine_time_s(
-    model: ModelSpec, p: PlanTable, seq_len: int, d: Num, gpus_per_node: int, gpu: GPUSpec, links: comm.Links, load: Num
+    model: ModelSpec,
+    p: PlanTable,
+    seq_len: int,
+    d: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
+    load: Num,
+    nic_efficiency: float,
 ) -> np.ndarray:
     """One pass (forward, or backward) of a MoE block's token exchange: the dispatch and the combine
     all-to-all over the EP group, each moving the rank's k routed copies of its tokens (× the load
@@ -201,7 +216,7 @@ def dispatch_combine_time_s(
     assert moe is not None
     copies = tokens_dispatched(p, seq_len) * moe.experts_per_token * load
     message = copies * model.hidden_size * d
-    a2a = all_to_all_time_s(message, p.ep, ep_stride(p), gpus_per_node, gpu, links)
+    a2a = all_to_all_time_s(message, p.ep, ep_stride(p), gpus_per_node, gpu, links, nic_efficiency)
     group = gather_group(p)
     gather = comm.all_gather_time_s(message * group, group, 1, gpus_per_node, gpu, 1.0, links)
     return np.asarray(2.0 * (a2a + gather), dtype=float)

@@ -33,7 +33,7 @@ def evidence(
     if row is None or not params.runs:
         return None
     legacy = workload.zero3_collectives == "per_tensor_lists"
-    stack = str(stack_names(s.plans.take(np.array([row])), legacy)[0])
+    stack = str(stack_names(s.plans.take(np.array([row])), legacy, model.moe is not None)[0])
     gpu = s.cluster.gpu.name
     widened = float(params.stack_widening([stack], gpu)[0]) if params.domain.stacks else 0.0
     note = (

@@ -19,8 +19,10 @@ import numpy as np
 from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, PlanTable
 
 
-def stack_names(plans: PlanTable, legacy_zero3: bool = False) -> np.ndarray:
-    """Per plan, its stack as a readable name, e.g. "DeepSpeed ZeRO-3, bf16" (object array)."""
+def stack_names(plans: PlanTable, legacy_zero3: bool = False, moe: bool = False) -> np.ndarray:
+    """Per plan, its stack as a readable name, e.g. "DeepSpeed ZeRO-3, bf16" (object array); a
+    mixture-of-experts model's runs are a stack of their own ("Megatron MoE, fp8"): their expert layers,
+    router and all-to-alls are code the dense runs never ran."""
     engine = np.asarray(ENGINE_CODES, dtype=object)[plans.engine]
     split = (plans.tp > 1) | (plans.pp > 1)
     z3 = plans.zero_stage == 3
@@ -33,7 +35,8 @@ def stack_names(plans: PlanTable, legacy_zero3: bool = False) -> np.ndarray:
     megatron = np.where(plans.zero_stage >= 2, "Megatron-FSDP", "Megatron")
     name = np.select([engine == "deepspeed", engine == "fsdp"], [deepspeed, fsdp], megatron)
     precision = np.asarray(PRECISION_CODES, dtype=object)[plans.precision]
-    return np.asarray([f"{n}, {p}" for n, p in zip(name, precision, strict=True)], dtype=object)
+    kind = " MoE" if moe else ""
+    return np.asarray([f"{n}{kind}, {p}" for n, p in zip(name, precision, strict=True)], dtype=object)
 
 
 def on_gpu(stacks: np.ndarray, gpu_name: str) -> np.ndarray:
