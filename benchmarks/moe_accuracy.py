@@ -3,7 +3,8 @@
 Each row of benchmarks/published/moe_measurements.yaml is a published MoE training run (NVIDIA's
 Megatron-Bridge and NeMo tables, the Megatron-Core team's MoE model zoo) with its layout. This scores
 the shipped parameter set on the rows the model can price (a catalog model, whole nodes), converting
-each measurement to tokens/s per GPU with the source's own formula. The parameters were fit on dense
+each measurement to tokens/s per GPU with the source's own formula; a row run with token dropping is
+priced with its capacity factor. The parameters were fit on dense
 runs only: every MoE row is out of sample. Rows the source ran with force-balanced routing are priced
 with a load imbalance of 1 (Workload.moe_load_imbalance); the others with the default.
 
@@ -81,6 +82,10 @@ def score(params_path: str | None = None) -> dict[str, Any]:
     rows, skipped = [], {}
     for row in data["measurements"]:
         model = load_model(row["model"]) if "model" in row else None
+        if model is not None and model.moe is not None and row.get("router") == "capacity":
+            # Token dropping with the run's capacity factor (the catalog's models route dropless).
+            router = {"router": "capacity", "capacity_factor": row["capacity_factor"]}
+            model = model.model_copy(update={"moe": model.moe.model_copy(update=router)})
         reason = why_skipped(row, model)
         if reason is None:
             gpn = row["gpus_per_node"]

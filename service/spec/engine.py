@@ -60,9 +60,6 @@ class ExpertParallelRule(BaseModel):
     # outputs over them after (sharded_moe.py drop_tokens / gather_tokens); the others exchange tokens
     # over the expert-TP group only.
     regathers_over_tp: bool
-    # Dropless routing pads every local expert to the busiest one's tokens (DeepSpeed: drop_tokens=False
-    # takes the capacity from the largest expert load) instead of running each expert on its own load.
-    pads_dropless: bool
     max_zero_stage: int = Field(ge=0, le=3)  # highest ZeRO stage a MoE model runs with
     with_pipeline: bool  # MoE blocks inside a pipeline (pp > 1)
     routers: tuple[Literal["dropless", "capacity"], ...]  # router regimes the engine runs

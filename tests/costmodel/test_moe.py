@@ -97,13 +97,11 @@ def test_load_imbalance_slows_dropless_plans_and_capacity_pads_to_its_factor():
     assert padded.tokens_per_s == pytest.approx(balanced.tokens_per_s, rel=1e-9)  # cf 1.0 = balanced
 
 
-def test_busiest_rank_averages_over_its_experts_unless_the_engine_pads_them():
-    table = PlanTable.from_plans(
-        [Plan(dp=64, ep=ep, engine=engine, zero_stage=1) for ep in (64, 4) for engine in ("megatron", "deepspeed")]
-    )
-    load = moe.load_factor(FINE, table, 1.5)
-    # One expert per rank: the expert's own imbalance; 16 per rank: 1 + 0.5/4, but DeepSpeed pads.
-    assert load.tolist() == pytest.approx([1.5, 1.5, 1.125, 1.5])
+def test_load_factor_is_the_imbalance_or_the_capacity_factor():
+    table = PlanTable.from_plans([Plan(dp=64, ep=ep, engine="megatron", zero_stage=1) for ep in (64, 4)])
+    assert moe.load_factor(FINE, table, 1.5).tolist() == [1.5, 1.5]
+    capacity = FINE.model_copy(update={"moe": FINE.moe.model_copy(update={"router": "capacity", "capacity_factor": 1.25})})
+    assert moe.load_factor(capacity, table, 1.5).tolist() == [1.25, 1.25]
 
 
 def test_dense_model_is_unchanged_by_the_moe_terms():
