@@ -54,8 +54,12 @@ def _plan_words(p: dict[str, Any]) -> str:
     offload = [
         n for n, k in (("optimizer", "offload_optimizer"), ("parameters", "offload_params")) if p.get(k)
     ]
+    shape = f"dp {p['dp']} × tp {p['tp']} × pp {p['pp']}"
+    shape += f" × cp {p['cp']}" if p.get("cp", 1) > 1 else ""
+    shape += f", experts split over ep {p['ep']}" if p.get("ep", 1) > 1 else ""
+    shape += f" and expert tp {p['expert_tp']}" if p.get("expert_tp", 1) > 1 else ""
     return (
-        f"dp {p['dp']} × tp {p['tp']} × pp {p['pp']}, ZeRO-{p['zero_stage']}, "
+        f"{shape}, ZeRO-{p['zero_stage']}, "
         f"micro-batch {p['micro_batch']} × "
         f"{p['grad_accum']} accumulation steps, recompute {p['recompute']}, "
         f"{'offload of ' + ' and '.join(offload) if offload else 'no offload'}, {p['precision']}"
@@ -322,6 +326,34 @@ def goodput(r: RunResult) -> list[Block]:
     return [("h2", "Goodput"), ("table", ["", "value", "source / rule"], rows)]
 
 
+def experts(r: RunResult) -> list[Block]:
+    """Why this expert-parallel degree, what its all-to-all costs, how the choice moves with imbalance."""
+    x = r.experts
+    if x is None:
+        return []
+    layout = f"EP {x.ep}" + (f" with expert TP {x.expert_tp}" if x.expert_tp > 1 else "")
+    rows = [
+        [str(f.ep), f.label, fmt_tokens(f.tokens_per_s), f"{f.all_to_all_share:.0%}"] for f in x.families
+    ]
+    cases = [
+        [f"{c.imbalance:g}", c.selected_label or "no plan meets the budget", fmt_tokens(c.chosen_tokens_per_s)]
+        for c in x.imbalance
+    ]
+    return [
+        ("h2", "Expert parallelism"),
+        (
+            "p",
+            f"The choice splits each MoE block's experts {layout}; its dispatch and combine all-to-alls take "
+            f"{x.all_to_all_share:.0%} of the step after overlap. Router: {x.router}; the busiest expert "
+            f"is assumed {x.load_imbalance:g}× its balanced share. The best plan of each EP degree that "
+            "meets the budget:",
+        ),
+        ("table", ["EP", "best plan", "tokens/s", "all-to-all"], rows),
+        ("p", "The same plans re-scored at other load imbalances (the choice's own speed beside):"),
+        ("table", ["imbalance", "choice there", "this choice's tokens/s"], cases),
+    ]
+
+
 def blocks(r: RunResult) -> list[Block]:
     out: list[Block] = [
         ("h1", f"Design memo: {r.experiment}"),
@@ -334,6 +366,7 @@ def blocks(r: RunResult) -> list[Block]:
     ]
     out += decision(r)
     out += alternatives(r)
+    out += experts(r)
     out += [
         (
             "img",

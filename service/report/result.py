@@ -183,6 +183,42 @@ class Evidence(BaseModel):
     nearest: list[str]
 
 
+class ExpertFamily(BaseModel):
+    """The best plan of one expert-parallel degree: what choosing that EP would give."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ep: int
+    label: str
+    tokens_per_s: float
+    all_to_all_share: float  # exposed dispatch and combine over the step time
+
+
+class ImbalanceCase(BaseModel):
+    """The choice and its speed at one load imbalance (Workload.moe_load_imbalance)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    imbalance: float
+    selected_label: str | None
+    chosen_tokens_per_s: float  # the run's choice, re-scored at this imbalance
+
+
+class ExpertParallelism(BaseModel):
+    """A mixture-of-experts model's expert layout: why this EP, what the all-to-all costs, and how the
+    choice moves with the load imbalance."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ep: int
+    expert_tp: int
+    all_to_all_share: float
+    load_imbalance: float
+    router: str
+    families: list[ExpertFamily]  # the best plan of each EP degree that meets the budget, best first
+    imbalance: list[ImbalanceCase]
+
+
 class Alternative(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -235,6 +271,7 @@ class RunResult(BaseModel):
     sensitivity: Sensitivity | None = None
     ties: TieGroup | None = None
     evidence: Evidence | None = None
+    experts: ExpertParallelism | None = None  # MoE models only
     alternatives: list[Alternative] = Field(default_factory=list)
     risks: list[str] = Field(default_factory=list)
     assumptions: list[dict[str, str]] = Field(default_factory=list)

@@ -31,6 +31,7 @@ from service.run.evidence import evidence, tie_group
 from service.run.goodput import checkpoint_bytes, goodput_record
 from service.run.proxies import run_proxies
 from service.run.rows import memo_rows
+from service.run.experts import expert_parallelism
 from service.run.sensitivity import sensitivity
 from service.run.validate import choose, design_proxy
 from service.search.result import SearchResult
@@ -227,6 +228,9 @@ class Run:
             sensitivity=sens,
             ties=tie_group(main),
             evidence=evidence(main, chosen, params, spec.model, spec.workload),
+            experts=expert_parallelism(
+                main, chosen, spec.model, spec.workload, spec.budget, params, spec.goodput
+            ),
             alternatives=_alternatives(spec, scored, win),
             out_dir=str(self.out_dir),
             search_path=str(self.out_dir / "search" / search_name) if search_name else None,

@@ -1,0 +1,70 @@
+"""`run` on the MoE experiment (experiments/qwen3-30b-a3b-64xh100.yaml), planned on the prior alone: the
+memo says why this EP, what the all-to-all costs, and how the choice moves with the load imbalance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service import Run
+from service.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENT = ROOT / "experiments" / "qwen3-30b-a3b-64xh100.yaml"
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("moe") / "out"
+    return Run(EXPERIMENT, storage_path=out, run_proxies=False).fit()
+
+
+def test_the_choice_is_an_expert_parallel_plan_with_its_families(moe_run):
+    x = moe_run.experts
+    assert x is not None and moe_run.selected_plan["ep"] == x.ep
+    assert f"-ep{x.ep}-" in moe_run.selected_label or x.ep == 1
+    degrees = [f.ep for f in x.families]
+    assert len(degrees) == len(set(degrees)) >= 3 and x.ep in degrees
+    # Families are ordered best first; an EP spanning nodes pays its all-to-all across the network.
+    speeds = [f.tokens_per_s for f in x.families]
+    assert speeds == sorted(speeds, reverse=True)
+    by_ep = {f.ep: f for f in x.families}
+    assert by_ep[16].all_to_all_share > 2 * by_ep[8].all_to_all_share
+
+
+def test_the_choice_slows_as_the_load_imbalance_grows(moe_run):
+    cases = moe_run.experts.imbalance
+    assert [c.imbalance for c in cases] == [1.0, 1.5, 2.0]
+    speeds = [c.chosen_tokens_per_s for c in cases]
+    assert speeds[0] > speeds[1] > speeds[2]
+    assert speeds[1] == pytest.approx(moe_run.rows[0].tokens_per_s.value, rel=0.35)
+
+
+def test_the_memo_has_the_expert_section(moe_run):
+    text = (Path(moe_run.out_dir) / "memo.md").read_text()
+    assert "## Expert parallelism" in text and "all-to-all" in text
+    assert f"experts split over ep {moe_run.experts.ep}" in text or moe_run.experts.ep == 1
+
+
+@pytest.mark.parametrize(
+    ("moe", "message"),
+    [
+        ("{num_experts: 4, experts_per_token: 6, expert_ffn_hidden_size: 128}", "model.moe.experts_per_token: 6 exceeds num_experts 4"),
+        ("{num_experts: 4, experts_per_token: 2, expert_ffn_hidden_size: 128, router: switch}", "model.moe.router: "),
+        ("{num_experts: 4, experts_per_token: 2, expert_ffn_hidden_size: 128, router: capacity, capacity_factor: 0.5}", "model.moe.capacity_factor: 0.5 is below 1"),
+    ],
+)  # fmt: skip
+def test_bad_moe_experiments_are_one_line_and_write_nothing(tmp_path, capsys, moe, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "name: bad-moe\nmodel:\n  num_layers: 4\n  hidden_size: 256\n  num_attention_heads: 4\n"
+        f"  ffn_hidden_size: 512\n  vocab_size: 1000\n  moe: {moe}\n"
+        "cluster: {gpu: h100-sxm-80gb, num_nodes: 1}\n"
+        "workload: {seq_len: 1024, global_batch_sequences: 16, tokens_to_train: 1.0e8}\n"
+    )
+    before = set(tmp_path.iterdir())
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert set(tmp_path.iterdir()) == before
