@@ -3,7 +3,7 @@
 DeepSeek-AI, "DeepSeek-V3 Technical Report" (arXiv 2412.19437) trained on 2,048 H800s (§3.1) with
 16-way pipeline parallelism (DualPipe), 64-way expert parallelism over 8 nodes and ZeRO-1 data
 parallelism, no tensor parallelism (§3.2), FP8 GEMMs (§3.3), and states "180K H800 GPU hours" per
-trillion tokens (§1, Table 1). Every published number is in benchmarks/published/moe_measurements.yaml
+trillion tokens (§1, Table 1). Every published number is in benchmarks/published/moe_unpriced.yaml
 (`named_checks: deepseek_v3`, with its section). This prices that layout as the closest `Plan` the
 service has, compares, breaks the step down, and works out what the mechanisms the cost model does not
 price (DualPipe, node-limited routing and FP8 dispatch, the 20 communication SMs, the batch ramp, the
@@ -38,7 +38,7 @@ from service.spec.params import ModelParams, load_params
 from service.spec.plan_table import PlanTable
 
 HERE = Path(__file__).resolve().parent
-DATA_PATH = HERE / "published" / "moe_measurements.yaml"
+DATA_PATH = HERE / "published" / "moe_unpriced.yaml"
 RESULTS_PATH = HERE / "results" / "deepseek_v3_check.json"
 GOAL = 0.15
 GPU = "h800-sxm-80gb"

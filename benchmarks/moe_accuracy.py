@@ -1,10 +1,11 @@
 """Mixture-of-experts runs: how far the cost model's MoE terms land from published measurements.
 
 Each row of benchmarks/published/moe_measurements.yaml is a published MoE training run (NVIDIA's
-Megatron-Bridge and NeMo tables, the Megatron-Core team's MoE model zoo) with its layout. This scores
-the shipped parameter set on the rows the model can price (a catalog model, whole nodes), converting
-each measurement to tokens/s per GPU with the source's own formula; a row run with token dropping is
-priced with its capacity factor. The parameters were fit on dense
+Megatron-Bridge and NeMo tables, the Megatron-Core team's MoE model zoo) with its layout, read as a runs
+file (service/calibrate/runs.py): each measurement becomes tokens/s per GPU with the source's own
+formula (Megatron's MoE FLOP count for TFLOP/s), a row run with token dropping is priced with its
+capacity factor, a force-balanced one with load imbalance 1. The rows the model cannot price are in
+moe_unpriced.yaml, each with why. The parameters were fit on dense
 runs only: every MoE row is out of sample. Rows the source ran with force-balanced routing are priced
 with a load imbalance of 1 (Workload.moe_load_imbalance); the others with the default.
 
@@ -24,98 +25,35 @@ from typing import Any
 import numpy as np
 import yaml
 
-from service.catalog import load_model
+from service.calibrate.runs import load_dataset, measured_run
 from service.costmodel import estimate
-from service.spec import ClusterSpec, Plan, Workload, plan_problem
-from service.spec.model import ModelSpec
 from service.spec.params import load_params
 
 HERE = Path(__file__).resolve().parent
 DATA_PATH = HERE / "published" / "moe_measurements.yaml"
+UNPRICED_PATH = HERE / "published" / "moe_unpriced.yaml"
 RESULTS_PATH = HERE / "results" / "moe_accuracy.json"
 GOAL = 0.15
-PLAN_FIELDS = ("dp", "tp", "pp", "cp", "ep", "expert_tp", "virtual_stages", "micro_batch", "grad_accum")
-PLAN_FIELDS += ("engine", "zero_stage", "recompute", "sequence_parallel", "comm_overlap", "tp_comm_overlap")
-
-
-def megatron_flops_per_token(model: ModelSpec, seq_len: int) -> float:
-    """Megatron-LM's `num_floating_point_operations` (training.py, MoE branch, the formula the model
-    zoo's TFLOP/s use) per token: 6·(MLP matrices a token passes) + the attention projections with
-    causal scores 12·L·h²·(1 + kv/heads + s/2h)·(heads·head_dim/h) + 6·h·V for the output layer."""
-    moe = model.moe
-    assert moe is not None and model.mla is None
-    h, layers = model.hidden_size, model.num_layers
-    n_moe = model.num_moe_layers
-    matrices = model.mlp_matrices
-    mlp = (layers - n_moe) * matrices * h * model.ffn_hidden_size
-    mlp += n_moe * matrices * h * (moe.experts_per_token * moe.expert_ffn_hidden_size)
-    mlp += n_moe * matrices * h * moe.num_shared_experts * moe.shared_width
-    heads, head_dim = model.num_attention_heads, model.q_width // model.num_attention_heads
-    attention = 12 * layers * h * h * (1 + model.kv_heads / heads + seq_len / (2 * h)) * heads * head_dim / h
-    return 6.0 * mlp + attention + 6.0 * h * model.vocab_size
-
-
-def measured_tokens_per_s_per_gpu(row: dict[str, Any], model: ModelSpec, formula: str) -> float:
-    m = row["measured"]
-    if "tokens_per_s_per_gpu" in m:
-        return float(m["tokens_per_s_per_gpu"])
-    if "step_time_s" in m:
-        return row["global_batch"] * row["seq_len"] / (m["step_time_s"] * row["num_gpus"])
-    if "megatron_moe_num_flops" not in formula:
-        raise ValueError(f"{row['id']}: TFLOP/s without Megatron's formula")
-    return m["tflops_per_gpu"] * 1e12 / megatron_flops_per_token(model, row["seq_len"])
-
-
-def why_skipped(row: dict[str, Any], model: ModelSpec | None) -> str | None:
-    if model is None:
-        return "no catalog model (an inline config)"
-    if model.mla is not None and "tflops_per_gpu" in row["measured"]:
-        return "TFLOP/s under Megatron's MLA formula (not converted here)"
-    if row["num_gpus"] % row["gpus_per_node"]:
-        return f"{row['num_gpus']} GPUs are not whole {row['gpus_per_node']}-GPU NVLink domains"
-    return None
 
 
 def score(params_path: str | None = None) -> dict[str, Any]:
-    data = yaml.safe_load(DATA_PATH.read_text())
     params = load_params(params_path)
-    rows, skipped = [], {}
-    for row in data["measurements"]:
-        model = load_model(row["model"]) if "model" in row else None
-        if model is not None and model.moe is not None and row.get("router") == "capacity":
-            # Token dropping with the run's capacity factor (the catalog's models route dropless).
-            router = {"router": "capacity", "capacity_factor": row["capacity_factor"]}
-            model = model.model_copy(update={"moe": model.moe.model_copy(update=router)})
-        reason = why_skipped(row, model)
-        if reason is None:
-            gpn = row["gpus_per_node"]
-            cluster = ClusterSpec(gpu=row["gpu"], num_nodes=row["num_gpus"] // gpn, gpus_per_node=gpn)
-            plan = Plan.model_construct(**{**Plan().model_dump(), **{f: row[f] for f in PLAN_FIELDS if f in row}})
-            precision = "fp8" if "fp8" in row["precision"] else "bf16"
-            plan = plan.model_copy(update={"precision": precision, "ep_comm_overlap": bool(row.get("a2a_overlap"))})
-            problem = plan_problem(plan, model, cluster)
-            reason = f"layout outside the plan space ({problem[0]}: {problem[1]})" if problem else None
-        if reason:
-            skipped[row["id"]] = reason
-            continue
-        imbalance = 1.0 if row.get("force_balanced_routing") else Workload.model_fields["moe_load_imbalance"].default
-        workload = Workload(
-            seq_len=row["seq_len"], global_batch_sequences=row["global_batch"], tokens_to_train=1e12,
-            moe_load_imbalance=imbalance,
-        )  # fmt: skip
-        est = estimate(model, cluster, Plan(**plan.model_dump()), workload, params=params)
-        formula = data["sources"][row["source"]].get("flops_formula", "")
-        measured = measured_tokens_per_s_per_gpu(row, model, formula)
-        low, high = (x / row["num_gpus"] for x in est.tokens_per_s_interval)
+    ds = load_dataset(DATA_PATH)
+    rows = []
+    for row in ds.measurements:
+        run = measured_run(ds, row)
+        est = estimate(run.model, run.cluster, run.plan, run.workload, params=params)
+        measured = float(run.tokens_per_s_per_gpu or 0.0)
+        low, high = (x / run.cluster.num_gpus for x in est.tokens_per_s_interval)
         rows.append(
             {
-                "id": row["id"],
-                "source": row["source"],
-                "model": row["model"],
-                "gpu": row["gpu"],
+                "id": run.id,
+                "source": run.source,
+                "model": row.model,
+                "gpu": row.gpu,
                 "label": est.plan.short(),
-                "precision": est.plan.precision,
-                "force_balanced": bool(row.get("force_balanced_routing")),
+                "load_imbalance": run.workload.moe_load_imbalance,
+                "router": run.model.moe.router if run.model.moe else "dense",
                 "measured_tokens_per_s_per_gpu": round(measured, 1),
                 "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s_per_gpu, 1),
                 "error": round(est.tokens_per_s_per_gpu / measured - 1, 4),
@@ -136,13 +74,14 @@ def score(params_path: str | None = None) -> dict[str, Any]:
         }
         for name, rs in by_source.items()
     }
+    unpriced = yaml.safe_load(UNPRICED_PATH.read_text())["rows"]
     return {
         "params": params.name,
         "goal": f"mean absolute error <= {GOAL:.0%} per source",
         "meets_goal": all(s["mean_abs_error"] <= GOAL for s in sources.values()),
         "sources": sources,
         "rows": rows,
-        "skipped": skipped,
+        "skipped": {r["id"]: r["why"] for r in unpriced},
     }
 
 

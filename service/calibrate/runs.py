@@ -25,7 +25,7 @@ from service.spec.plan import Engine
 from service.spec.plan_table import PlanTable
 from service.spec.workload import SelectiveRecompute
 
-FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7"]
+FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7", "megatron_moe"]
 
 
 class Source(BaseModel):
@@ -121,6 +121,21 @@ class Measurement(BaseModel):
         description="What its selective recompute checkpointed (Workload.selective_recompute).",
     )
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    ep: int = Field(1, gt=0, description="Expert-parallel degree (Plan.ep; MoE models).")
+    expert_tp: int = Field(1, gt=0, description="Expert tensor-parallel degree (Plan.expert_tp).")
+    ep_comm_overlap: bool = Field(False, description="Megatron-Core's MoE all-to-all overlap (Plan.ep_comm_overlap).")
+    moe_load_imbalance: float | None = Field(
+        None, ge=1.0, description="Busiest expert over its share (Workload.moe_load_imbalance); 1 for a run "
+        "with force-balanced routing; default: the Workload default."
+    )
+    capacity_factor: float | None = Field(
+        None, ge=1.0, description="The run dropped tokens at this capacity factor (the model's router "
+        "becomes 'capacity'); default: the model's own router."
+    )
+    details: dict[str, Any] = Field(
+        default_factory=dict, description="What the source states that the cost model does not read "
+        "(dispatcher, CUDA graphs, recompute modules, software versions)."
+    )
     measured: Measured
     reported_mfu: float | None = None
     approximate: bool = False
@@ -141,6 +156,7 @@ class Measurement(BaseModel):
         keys += ("recompute", "sequence_parallel", "virtual_stages", "precision", "comm_overlap")
         keys += ("tp_comm_overlap", "shard_group_size", "offload_optimizer", "offload_params")
         keys += ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
+        keys += ("ep", "expert_tp", "ep_comm_overlap")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -162,12 +178,18 @@ class Dataset(BaseModel):
         return self
 
 
-def model_spec(ds: Dataset, name: str) -> ModelSpec:
-    """An inline model from the data file (its bookkeeping keys dropped), else a catalog model."""
+def model_spec(ds: Dataset, name: str, capacity_factor: float | None = None) -> ModelSpec:
+    """An inline model from the data file (its bookkeeping keys dropped), else a catalog model; with
+    `capacity_factor`, its MoE router drops tokens at that factor (a run's own router setting)."""
     if name in ds.models:
         fields = {k: v for k, v in ds.models[name].items() if k not in ("source", "source_num_params")}
-        return ModelSpec(name=name, **fields)
-    return load_model(name)
+        model = ModelSpec(name=name, **fields)
+    else:
+        model = load_model(name)
+    if capacity_factor is not None and model.moe is not None:
+        router = {"router": "capacity", "capacity_factor": capacity_factor}
+        model = model.model_copy(update={"moe": model.moe.model_copy(update=router)})
+    return model
 
 
 def cluster_spec(row: Measurement) -> ClusterSpec:
@@ -181,7 +203,9 @@ def cluster_spec(row: Measurement) -> ClusterSpec:
 def workload(ds: Dataset, row: Measurement) -> Workload:
     # tokens_to_train only sets hours and dollars, which this benchmark does not score.
     source = ds.sources[row.source]
+    moe = {} if row.moe_load_imbalance is None else {"moe_load_imbalance": row.moe_load_imbalance}
     return Workload(
+        **moe,
         seq_len=row.seq_len,
         global_batch_sequences=row.global_batch,
         tokens_to_train=1e9,
@@ -205,9 +229,29 @@ def korthikanti_eq7_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return 72 * n_layers * h * h * (1 + seq_len / (6 * h) + v / (12 * h * n_layers))
 
 
+def megatron_moe_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py, the MoE branch that
+    Megatron's MoE tables' TFLOP/s use) divided by B·s: 6 × the MLP matrices a token passes (dense
+    blocks, its top-k experts, the shared experts), the attention projections with causal scores
+    12·L·h²·(1 + kv/heads + s/2h)·(heads·head_dim/h), and 6·h·V for the output layer. Not the MLA
+    branch (DeepSeek), which prices attention otherwise."""
+    if model.mla is not None:
+        raise SpecError("measured.flops_formula", "megatron_moe: Megatron's MLA branch is not implemented here")
+    h, layers, matrices = model.hidden_size, model.num_layers, model.mlp_matrices
+    moe, n_moe = model.moe, model.num_moe_layers
+    mlp = (layers - n_moe) * matrices * h * model.ffn_hidden_size
+    if moe is not None:
+        mlp += n_moe * matrices * h * (moe.experts_per_token * moe.expert_ffn_hidden_size)
+        mlp += n_moe * matrices * h * moe.num_shared_experts * moe.shared_width
+    heads = model.num_attention_heads
+    attention = 12 * layers * h * h * (1 + model.kv_heads / heads + seq_len / (2 * h)) * model.q_width / h
+    return 6.0 * mlp + attention + 6.0 * h * model.vocab_size
+
+
 FLOPS_PER_TOKEN = {
     "narayanan2021_eq3": narayanan_eq3_flops_per_token,
     "korthikanti2022_eq7": korthikanti_eq7_flops_per_token,
+    "megatron_moe": megatron_moe_flops_per_token,
 }
 
 
@@ -263,7 +307,7 @@ def row_plan(ds: Dataset, row: Measurement) -> Plan:
 
 def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
     """The `MeasuredRun` of one row of a runs file."""
-    model = model_spec(ds, row.model)
+    model = model_spec(ds, row.model, row.capacity_factor)
     return MeasuredRun(
         id=row.id,
         source=row.source,
@@ -324,7 +368,8 @@ def load_dataset(path: str | Path) -> Dataset:
     ds = validate_as(Dataset, data, str(p))
     for i, row in enumerate(ds.measurements):
         try:
-            check = plan_problem(row_plan(ds, row), model_spec(ds, row.model), cluster_spec(row))
+            model = model_spec(ds, row.model, row.capacity_factor)
+            check = plan_problem(row_plan(ds, row), model, cluster_spec(row))
             if check:
                 raise SpecError(f"measurements.{i}.{check[0]}", f"{row.id}: {check[1]}", str(p))
         except ValidationError as err:  # Plan's own rules (what the row's engine can combine)
