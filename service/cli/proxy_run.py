@@ -1,4 +1,4 @@
-"""`python -m service proxy-run EXPERIMENT.yaml --tp T --pp P --zero Z ...`: one proxy trial on Ray.
+"""`python -m service proxy-run EXPERIMENT.yaml --tp T --pp P --zero Z [--ep E] ...`: one proxy trial on Ray.
 
 Runs on the Ray cluster at `--address` / `RAY_ADDRESS`, else on a local Ray started on 127.0.0.1.
 dp = workers / (tp·pp). Prints measured next to predicted, or the whole result as JSON with `--json`.
@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=positive_int, required=True, help="tensor-parallel degree")
     parser.add_argument("--pp", type=positive_int, required=True, help="pipeline stages")
     parser.add_argument("--zero", type=int, required=True, choices=(0, 1, 2, 3), help="ZeRO stage")
+    parser.add_argument(
+        "--ep", type=positive_int, default=1, help="expert-parallel degree (MoE models; default 1)"
+    )
     parser.add_argument("--offload-optimizer", action="store_true", help="optimizer states and step on CPU")
     parser.add_argument("--offload-params", action="store_true", help="parameters on CPU (ZeRO-3)")
     parser.add_argument(
@@ -59,6 +62,7 @@ def _plan(args: argparse.Namespace, experiment: ExperimentSpec) -> Plan | str:
         "tp": args.tp,
         "pp": args.pp,
         "zero_stage": args.zero,
+        "ep": args.ep,
         "offload_optimizer": args.offload_optimizer,
         "offload_params": args.offload_params,
         "micro_batch": args.micro_batch,
@@ -82,12 +86,15 @@ def _print_table(result: dict) -> None:  # type: ignore[type-arg]
         "tokens_per_s",
         "step_time_s",
         "model_state_bytes_per_rank",
+        "expert_state_bytes_per_rank",
         "activation_bytes_per_rank",
         "peak_memory_bytes_per_rank",
     )
     print(f"{'':30s} {'measured':>14s} {'predicted':>14s}")
     for k in keys:
         m, p = result["measured"].get(k), result["predicted"].get(k)
+        if m is None and p is None:  # the experts' share: MoE models only
+            continue
         print(f"{k:30s} {'' if m is None else f'{m:14.4g}':>14s} {'' if p is None else f'{p:14.4g}':>14s}")
 
 

@@ -6,7 +6,10 @@ Keys follow DeepSpeed's config reference (https://www.deepspeed.ai/docs/config-j
 Tensor and pipeline parallelism are not config keys: the worker builds Megatron-style tensor-parallel
 layers (service.train.tensor_parallel) and, with pp > 1, a `deepspeed.pipe.PipelineModule`, and hands
 DeepSpeed their topology as `mpu`; the config carries the batch split, which DeepSpeed checks against
-the data-parallel size it reads from that `mpu`.
+the data-parallel size it reads from that `mpu`. Expert parallelism is not a config key either: each MoE
+layer takes its ep_size (service.train.moe) and `deepspeed.initialize` builds the expert groups from it;
+ZeRO-1/2 then shard the experts' states over the expert-data-parallel group, and with MoE layers ZeRO-2
+requires `contiguous_gradients` (stage_1_and_2.py `_configure_moe_settings`), which `_zero_section` sets.
 """
 
 from __future__ import annotations

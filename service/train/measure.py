@@ -14,7 +14,8 @@ count once, at the storage's full size, padding included). Each storage is put i
 - `buffers`: every other tensor the optimizer keeps (communication buckets, pinned staging buffers,
   ZeRO's `temp_*` scratch copies).
 Model state = params + grads + optimizer + master. It is read just before the optimizer step, when
-gradients and optimizer states are both alive.
+gradients and optimizer states are both alive. Of it, the routed experts' share (MoE models,
+`expert_state_bytes`) is counted apart as well.
 
 Activations (`ActivationMeter`): `torch.autograd.graph.saved_tensors_hooks` sees every tensor autograd
 saves for backward; storages of parameters are left out (a linear layer saves its weight), the rest
@@ -145,6 +146,55 @@ def model_state_bytes(
     return result
 
 
+def _is_expert(param: torch.Tensor) -> bool:
+    """DeepSpeed's mark of a routed expert's parameter (moe/experts.py sets `allreduce = False`; moe/utils.py
+    `is_moe_param`)."""
+    return getattr(param, "allreduce", True) is False
+
+
+def _expert_tensors(module: torch.nn.Module, optimizer: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of the routed experts' states: their parameters and gradients in the module, the
+    optimizer groups DeepSpeed marks `moe` (master copies, their gradients, Adam's state), and ZeRO-1/2's
+    gradient partitions of those groups (`averaged_gradients[i]` where `is_moe_param_group[i]`,
+    stage_1_and_2.py `_configure_moe_settings`)."""
+    for p in module.parameters():
+        if _is_expert(p):
+            yield p.data
+            if p.grad is not None:
+                yield p.grad
+    inner = _inner_optimizer(optimizer)
+    if inner is not None:
+        for group in inner.param_groups:
+            if group.get("moe"):
+                for p in group["params"]:
+                    yield p.data
+                    if p.grad is not None:
+                        yield p.grad
+                    for t, _ in _tensors_in(inner.state.get(p, {}), 2):
+                        yield t
+    flags = getattr(optimizer, "is_moe_param_group", None) or []
+    partitions = getattr(optimizer, "averaged_gradients", None) or {}
+    for i, flag in enumerate(flags):
+        if flag and partitions.get(i) is not None:
+            for t, _ in _tensors_in(partitions[i], 2):
+                yield t
+
+
+def expert_state_bytes(module: torch.nn.Module, optimizer: Any) -> int:
+    """Bytes of the routed experts' states on this rank (parameters, gradients, optimizer states, master
+    copies), each tensor once at its own size: ZeRO-2 keeps the gradient partitions of every group in one
+    flat buffer (stage_1_and_2.py `grads_in_partition`), whose storage the experts share with the rest
+    of the model, so a storage is not the unit here as it is in `model_state_bytes`."""
+    seen: set[tuple[str, int, int]] = set()
+    total = 0
+    for t in _expert_tensors(module, optimizer):
+        key = (str(t.device), t.data_ptr(), t.numel())
+        if t.numel() and key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
 class _Packed:
     """What autograd keeps instead of a saved tensor: the tensor, and a hook on our own lifetime."""
 
@@ -199,11 +249,20 @@ class ActivationMeter:
             self._stack.pop()
 
     def _is_running_parameter(self, key: tuple[str, int]) -> bool:
-        """Whether `key` is the storage of a parameter of a module now running (innermost first)."""
+        """Whether `key` is the storage of a parameter of a module now running (innermost first), or of
+        a direct child of the innermost one: a module may use its child's weight without calling the
+        child (DeepSpeed's MoE gate runs `F.linear(x, self.wg.weight)`, moe/sharded_moe.py `TopKGate`),
+        and under ZeRO-1/2 that weight's storage is the whole flat parameter buffer, which was counted
+        as saved activations (+16 % on the tiny MoE proxy)."""
         for _, running in reversed(self._stack):
             for p in running.parameters(recurse=False):
                 if p.numel() > 0 and _storage_key(p) == key:
                     return True
+        if self._stack:
+            for child in self._stack[-1][1].children():
+                for p in child.parameters(recurse=False):
+                    if p.numel() > 0 and _storage_key(p) == key:
+                        return True
         return False
 
     def _release(self, key: tuple[str, int]) -> None:

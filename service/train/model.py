@@ -3,7 +3,9 @@ with activation checkpointing applied; with tp > 1 or pp > 1 the same layers as 
 decoder layers, head), tensor-parallel when tp > 1 (`service.train.tensor_parallel`, Megatron-style,
 optionally sequence-parallel), run as a `deepspeed.pipe.PipelineModule` when pp > 1 and as a plain stack
 of the stages when pp = 1. `build_model` returns the model and the DeepSpeed `mpu` (a
-`PipelineParallelGrid` over a pipe × data × model topology) that tells DeepSpeed its groups.
+`PipelineParallelGrid` over a pipe × data × model topology) that tells DeepSpeed its groups. A MoE
+`ModelSpec`'s MoE blocks hold DeepSpeed's MoE layer instead of the Llama MLP (`service.train.moe`),
+with this rank's share of the experts.
 
 Recompute modes (Plan.recompute):
 - `full`: every decoder layer is checkpointed (only its input is kept; the whole layer is recomputed in
@@ -31,15 +33,16 @@ ATTN_IMPLEMENTATION = "sdpa"  # fused attention on CPU and CUDA; causal without 
 
 
 def llama_config(spec: ModelSpec, dtype: torch.dtype = torch.float32) -> Any:
-    """A `LlamaConfig` with the spec's shape; dropout off so that runs are deterministic."""
+    """A `LlamaConfig` with the spec's shape; dropout off so that runs are deterministic. A MoE spec's
+    config is its dense blocks' (`ffn_hidden_size`); `build_causal_lm` puts the MoE blocks in."""
     from transformers import LlamaConfig
 
     if spec.mlp != "swiglu":
         raise ValueError("the proxy model is Llama (SwiGLU MLP); a gelu ModelSpec has no Llama equivalent")
     if spec.mla is not None:
-        raise ValueError("the proxy model is Llama: multi-head latent attention (mla) has no Llama equivalent")
-    if spec.moe is not None:
-        raise ValueError("the proxy model is Llama: its MLPs are dense; a MoE ModelSpec (moe) has no proxy yet")
+        raise ValueError(
+            "the proxy model is Llama: multi-head latent attention (mla) has no Llama equivalent"
+        )
     return LlamaConfig(  # type: ignore[call-arg]
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
@@ -58,17 +61,35 @@ def llama_config(spec: ModelSpec, dtype: torch.dtype = torch.float32) -> Any:
 
 
 def build_causal_lm(
-    spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    spec: ModelSpec,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    plan: Plan | None = None,
 ) -> torch.nn.Module:
     """Random-initialised LlamaForCausalLM, built directly on `device` (a 13B-width layer initialises in
-    milliseconds on a GPU, seconds on a CPU); the same seed gives the same weights on every rank."""
+    milliseconds on a GPU, seconds on a CPU); the same seed gives the same weights on every rank. A MoE
+    spec's MoE blocks are DeepSpeed MoE layers laid out for `plan` (its ep; service.train.moe), holding
+    this rank's experts."""
     from transformers import LlamaForCausalLM
 
+    if spec.moe is not None and plan is None:
+        raise ValueError("a MoE proxy model needs the plan it runs (ep, expert_tp) to place its experts")
     torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(llama_config(spec, dtype))
     model.config.use_cache = False
+    if spec.moe is not None and plan is not None:
+        from service.train import moe
+
+        moe.apply_moe(model, spec, plan, seed, _global_rank())
     return model.to(dtype)  # type: ignore[arg-type]
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _checkpointed_attention(attn: torch.nn.Module) -> None:
@@ -289,7 +310,7 @@ def build_model(
 
         lm = load_tensor_parallel(weights, grid.get_slice_parallel_group(), plan.sequence_parallel, dtype)
     else:
-        lm = build_causal_lm(spec, seed, dtype)
+        lm = build_causal_lm(spec, seed, dtype, plan=plan)
         if plan.tp > 1:
             apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
     if plan.recompute == "selective":
@@ -322,7 +343,7 @@ def _build_context_parallel(spec: ModelSpec, seed: int, plan: Plan, dtype: torch
         raise ValueError("context-parallel proxies run with pp = 1 and without sequence_parallel")
     groups = UlyssesGroups(plan.dp, plan.cp, plan.tp)
     cp_group = groups.get_sequence_parallel_group()
-    lm = build_causal_lm(spec, seed, dtype)
+    lm = build_causal_lm(spec, seed, dtype, plan=plan)
     if plan.tp > 1:
         apply_tensor_parallel(lm, groups.get_model_parallel_group(), sequence_parallel=False)
     for layer in lm.model.layers:  # type: ignore[union-attr]

@@ -92,7 +92,7 @@ def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
     """Why `plan` cannot run at proxy scale (one line), or None. The rules are `plan_problem`'s (the
     deepspeed rule table already refuses shard groups: 0.19.8 removed MiCS), plus what the installed
     DeepSpeed cannot run on CPU: ZeRO++'s quantized weights and gradients (their quantizer op has no CPU
-    implementation)."""
+    implementation), and the layouts the MoE proxy does not build (`_moe_proxy_problem`)."""
     cluster = proxy_cluster(experiment, plan.num_gpus)
     if plan.num_gpus != experiment.proxy.num_workers:
         return f"dp·tp·pp = {plan.num_gpus} but the proxy has {experiment.proxy.num_workers} workers"
@@ -101,8 +101,23 @@ def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
         return f"{problem[0]}: {problem[1]}"
     if experiment.model.mlp != "swiglu":
         return "model.mlp: the proxy is a Llama model (swiglu); gelu models have no proxy"
+    if experiment.model.moe is not None:
+        moe = _moe_proxy_problem(plan)
+        if moe:
+            return moe
     if experiment.proxy.device == "cpu" and (plan.zero_quantized_weights or plan.zero_quantized_gradients):
         return "zero_quantized_weights/gradients: DeepSpeed's quantizer op has no CPU implementation"
+    return None
+
+
+def _moe_proxy_problem(plan: Plan) -> str | None:
+    """What the MoE proxy (service/train/moe.py) does not build: tensor-parallel layers around DeepSpeed's
+    MoE layer (`model.apply_tensor_parallel` splits Llama MLPs, not a MoE block's shared experts, and the
+    experts would need splitting for expert_tp = tp), nor Ulysses attention with it (its `UlyssesGroups`
+    is not the `mpu` DeepSpeed's MoE groups are built from)."""
+    for field, value in (("tp", plan.tp), ("cp", plan.cp)):
+        if value > 1:
+            return f"{field}: {value} with MoE blocks: the MoE proxy runs with {field} = 1 only; allowed: 1"
     return None
 
 
@@ -136,7 +151,8 @@ def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> Metrics:
 
     Time uses `proxy_params()` (the framework overheads at their prior: see FRAMEWORK_OVERHEADS).
     Model state = params + grads + optimizer + cpu_offload (everything the rank holds for the model,
-    wherever it lives: the measurement counts host and device alike). Activations = activations +
+    wherever it lives: the measurement counts host and device alike); of it, a MoE model's routed experts'
+    states (`expert_state_bytes_per_rank`). Activations = activations +
     logits (every tensor saved for backward, the loss's included). Peak = the estimate's total.
     """
     from service.costmodel import estimate
@@ -155,6 +171,8 @@ def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> Metrics:
 def per_rank_metrics(est: Estimate) -> Metrics:
     """An estimate as the quantities a proxy worker measures per rank (see `predict_proxy`)."""
     mem = est.memory_per_gpu_bytes
+    # A MoE model's routed experts' share of the model state, which the worker measures apart.
+    experts = {"expert_state_bytes_per_rank": mem.experts} if mem.experts else {}
     return Metrics(
         tokens_per_s=est.tokens_per_s,
         step_time_s=est.step_time_s,
@@ -163,4 +181,5 @@ def per_rank_metrics(est: Estimate) -> Metrics:
         logits_bytes_per_rank=mem.logits,
         peak_memory_bytes_per_rank=mem.total,
         fits=float(est.fits),
+        **experts,
     )

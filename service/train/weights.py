@@ -68,7 +68,14 @@ class FineTune(BaseModel):
 
 def check_layout(plan: Plan, model: ModelSpec | None = None) -> None:
     """Weights load into data-parallel (ZeRO 0-3) and tensor-parallel layouts; not yet into pipeline
-    stages or context-parallel ones, nor a tied embedding into tensor-parallel ones."""
+    stages or context-parallel ones, nor a tied embedding into tensor-parallel ones, nor a MoE model's
+    experts into DeepSpeed's MoE layers (the loaders read Llama checkpoints)."""
+    if model is not None and model.moe is not None:
+        raise SpecError(
+            "--weights",
+            "loading a mixture-of-experts checkpoint (model.moe) into the proxy's DeepSpeed MoE layers is "
+            "not supported yet; the weights loaders read dense Llama checkpoints",
+        )
     if model is not None and model.tie_word_embeddings and plan.tp > 1:
         raise SpecError(
             "--weights",

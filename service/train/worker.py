@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
-from service.train import checkpoint, cpu_layout, hf_data, measure
+from service.train import checkpoint, cpu_layout, hf_data, measure, moe
 from service.train.data import ShardedLoader, token_source
 from service.train.device import apply_collective_timeout, cap_memory, pick_device, seed_everything
 from service.train.ds_config import deepspeed_config
@@ -77,11 +77,18 @@ def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str
         model = load_causal_lm(cfg.finetune.weights, ds_config, dtype)
         apply_recompute(model, cfg.plan.recompute)
     else:
-        model = build_causal_lm(cfg.model, cfg.proxy.seed, dtype, device)
+        model = build_causal_lm(cfg.model, cfg.proxy.seed, dtype, device, plan=cfg.plan)
         apply_recompute(model, cfg.plan.recompute)
     model = model.to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.model.moe is not None:  # expert parameters in groups of their own (service.train.moe)
+        params: list[Any] = moe.optimizer_param_groups(model)
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config, mpu=mpu)
+    if cfg.model.moe is not None:
+        import torch.distributed as dist
+
+        moe.check_expert_parallel_rank(engine, cfg.plan, dist.get_rank())
     return engine, ds_config
 
 
@@ -100,6 +107,8 @@ def _train_step(
 
     `meter` counts saved activations (its autograd hooks cost host time per saved tensor), or None on
     steps that are timed and need no counting."""
+    if cfg.model.moe is not None:
+        moe.set_aux_loss_scale(engine)
     with meter if meter is not None else contextlib.nullcontext():
         if cfg.plan.pp > 1:
             return float(engine.train_batch(data_iter=loader))
@@ -132,7 +141,7 @@ class _StateProbe:
 
     def __init__(self, engine: Any):
         self.engine, self.armed = engine, False
-        self.bytes = dict.fromkeys((*measure.STATE_CLASSES, "model_state"), 0)
+        self.bytes = dict.fromkeys(_STATE_KEYS, 0)
         self.detail: dict[str, int] = {}
         optimizer = engine.optimizer
         self._wrap(optimizer, "step", disarm=True)
@@ -142,6 +151,7 @@ class _StateProbe:
     def _read(self) -> None:
         detail: dict[str, int] = {}
         now = measure.model_state_bytes(self.engine.module, self.engine.optimizer, detail)
+        now["expert_state"] = measure.expert_state_bytes(self.engine.module, self.engine.optimizer)
         self.bytes = {k: max(v, self.bytes.get(k, 0)) for k, v in now.items() if k != "model_state"}
         self.bytes["model_state"] = sum(self.bytes[c] for c in ("params", "grads", "optimizer", "master"))
         for k, v in detail.items():
@@ -193,7 +203,8 @@ def _maybe_stall(cfg: WorkerConfig, step: int, rank: int) -> None:
         time.sleep(cfg.stall["seconds"])
 
 
-_STATE_KEYS = ("model_state", *measure.STATE_CLASSES)
+# The rank's model state, its classes, and the routed experts' share of it (MoE models).
+_STATE_KEYS = ("model_state", *measure.STATE_CLASSES, "expert_state")
 
 
 def _gather_over_ranks(values: list[float]) -> list[list[float]]:
@@ -209,7 +220,8 @@ def _gather_over_ranks(values: list[float]) -> list[list[float]]:
 
 
 def busiest_rank_memory(rows: list[list[float]]) -> dict[str, float]:
-    """Memory of the busiest rank, from every rank's [model state and its classes…, activations, peak].
+    """Memory of the busiest rank, from every rank's [model state, its classes…, the experts' share,
+    activations, peak].
 
     The cost model's per-GPU memory is the busiest GPU's (with a pipeline, the first or the last stage,
     whichever holds more), so the measurement it is compared with is too: model state (with its
@@ -244,6 +256,8 @@ def _metrics(
         **busiest_rank_memory(memory_rows),
         "done": float(step == cfg.steps),
     }
+    if cfg.model.moe is None:  # a dense model has no experts' share to report
+        del out["measured_expert_state_bytes_per_rank"]
     out.update(cfg.predicted)
     return out
 

@@ -101,15 +101,16 @@ def test_cpu_peak_memory_is_the_process_high_water_mark():
 def test_busiest_rank_memory_takes_the_rank_that_holds_the_most():
     from service.train.worker import busiest_rank_memory
 
-    # [model_state, params, grads, optimizer, master, buffers, activations, peak] per rank:
+    # [model_state, params, grads, optimizer, master, buffers, expert_state, activations, peak] per rank:
     # rank 0 is a first pipeline stage (more state), rank 1 the last (logits: more activations).
     rows = [
-        [100.0, 40.0, 20.0, 30.0, 10.0, 5.0, 700.0, 9000.0],
-        [90.0, 36.0, 18.0, 27.0, 9.0, 50.0, 900.0, 8000.0],
+        [100.0, 40.0, 20.0, 30.0, 10.0, 5.0, 60.0, 700.0, 9000.0],
+        [90.0, 36.0, 18.0, 27.0, 9.0, 50.0, 70.0, 900.0, 8000.0],
     ]
     got = busiest_rank_memory(rows)
     assert got["measured_model_state_bytes_per_rank"] == 100.0
     assert got["measured_buffers_bytes_per_rank"] == 5.0  # the breakdown of the same rank's state
+    assert got["measured_expert_state_bytes_per_rank"] == 60.0
     assert got["measured_activation_bytes_per_rank"] == 900.0
     assert got["measured_peak_memory_bytes_per_rank"] == 9000.0
 
