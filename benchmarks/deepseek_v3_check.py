@@ -131,8 +131,7 @@ def all_to_all_per_micro_batch(
     p = PlanTable.from_plans([est.plan])
     gpu, net = effective_gpu(cluster.gpu, params), links(params)
     load = moe.load_factor(model, p, workload.moe_load_imbalance)
-    first_stage, _ = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
-    moe_layers = float(first_stage[0]) * model.num_moe_layers / model.num_layers
+    moe_layers = float(moe.moe_blocks_per_stage(model, p.pp, p.virtual_stages)[2][0])  # the busiest stage
     d = np.asarray(mem.activation_bytes_per_element(p.precision))
     nic = params["all_to_all_efficiency"]
     one_pass = moe.dispatch_combine_time_s(

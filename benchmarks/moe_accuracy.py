@@ -93,12 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     result = score(args.params)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for name, s in result["sources"].items():
-        print(f"{name}: {s['runs']} runs, bias {s['bias']:+.1%}, mean |error| {s['mean_abs_error']:.1%}, "
-              f"80 % interval covers {s['coverage']:.0%}")
+        print(
+            f"{name}: {s['runs']} runs, bias {s['bias']:+.1%}, mean |error| {s['mean_abs_error']:.1%}, "
+            f"80 % interval covers {s['coverage']:.0%}"
+        )
     for r in result["rows"]:
-        print(f"  {r['id']}: {r['label']} measured {r['measured_tokens_per_s_per_gpu']:,.0f} predicted "
-              f"{r['predicted_tokens_per_s_per_gpu']:,.0f} ({r['error']:+.1%}), all-to-all {r['ep_comm_share']:.0%}")
-    print(f"skipped {len(result['skipped'])}: " + "; ".join(f"{k} ({v})" for k, v in result["skipped"].items()))
+        print(
+            f"  {r['id']}: {r['label']} measured {r['measured_tokens_per_s_per_gpu']:,.0f} predicted "
+            f"{r['predicted_tokens_per_s_per_gpu']:,.0f} ({r['error']:+.1%}), "
+            f"all-to-all {r['ep_comm_share']:.0%}"
+        )
+    print(
+        f"skipped {len(result['skipped'])}: " + "; ".join(f"{k} ({v})" for k, v in result["skipped"].items())
+    )
     return 0 if result["meets_goal"] else 1
 
 

@@ -123,18 +123,25 @@ class Measurement(BaseModel):
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     ep: int = Field(1, gt=0, description="Expert-parallel degree (Plan.ep; MoE models).")
     expert_tp: int = Field(1, gt=0, description="Expert tensor-parallel degree (Plan.expert_tp).")
-    ep_comm_overlap: bool = Field(False, description="Megatron-Core's MoE all-to-all overlap (Plan.ep_comm_overlap).")
+    ep_comm_overlap: bool = Field(
+        False, description="Megatron-Core's MoE all-to-all overlap (Plan.ep_comm_overlap)."
+    )
     moe_load_imbalance: float | None = Field(
-        None, ge=1.0, description="Busiest expert over its share (Workload.moe_load_imbalance); 1 for a run "
-        "with force-balanced routing; default: the Workload default."
+        None,
+        ge=1.0,
+        description="Busiest expert over its share (Workload.moe_load_imbalance); 1 for a run "
+        "with force-balanced routing; default: the Workload default.",
     )
     capacity_factor: float | None = Field(
-        None, ge=1.0, description="The run dropped tokens at this capacity factor (the model's router "
-        "becomes 'capacity'); default: the model's own router."
+        None,
+        ge=1.0,
+        description="The run dropped tokens at this capacity factor (the model's router "
+        "becomes 'capacity'); default: the model's own router.",
     )
     details: dict[str, Any] = Field(
-        default_factory=dict, description="What the source states that the cost model does not read "
-        "(dispatcher, CUDA graphs, recompute modules, software versions)."
+        default_factory=dict,
+        description="What the source states that the cost model does not read "
+        "(dispatcher, CUDA graphs, recompute modules, software versions).",
     )
     measured: Measured
     reported_mfu: float | None = None
@@ -236,7 +243,9 @@ def megatron_moe_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     12·L·h²·(1 + kv/heads + s/2h)·(heads·head_dim/h), and 6·h·V for the output layer. Not the MLA
     branch (DeepSeek), which prices attention otherwise."""
     if model.mla is not None:
-        raise SpecError("measured.flops_formula", "megatron_moe: Megatron's MLA branch is not implemented here")
+        raise SpecError(
+            "measured.flops_formula", "megatron_moe: Megatron's MLA branch is not implemented here"
+        )
     h, layers, matrices = model.hidden_size, model.num_layers, model.mlp_matrices
     moe, n_moe = model.moe, model.num_moe_layers
     mlp = (layers - n_moe) * matrices * h * model.ffn_hidden_size

@@ -116,14 +116,21 @@ def _memory(
     logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, p.sequence_parallel, vocab_split)
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, vocab_split)
+    first_moe, last_moe, _ = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)
+    if whole.moe is not None:  # the dense view's mean MLP, corrected to the blocks each stage holds
+        first_psi = first_psi + moe.dense_mlp_excess_per_gpu(whole, first_layers, first_moe, p.tp)
+        last_psi = last_psi + moe.dense_mlp_excess_per_gpu(whole, last_layers, last_moe, p.tp)
     # DeepSpeed's ZeRO buckets; FSDP's gather/reduce buffers are priced the same. Megatron's distributed
     # optimizer reduces and gathers in place in its contiguous grad and param buffers (Megatron-Core
     # `distributed/param_and_grad_buffer.py`), which the grads and params terms already count; its
     # Megatron-FSDP (zero_stage 2-3) is priced the same way, without a separate gather buffer.
     buckets = np.where(p.engine_column("gather_buffers"), 1.0, 0.0)
     stages = []
-    first = (first_psi, first_layers, in_flight, p.pp == 1)
-    for psi, layers, micro_batches, is_last in (first, (last_psi, last_layers, 1, True)):
+    first = (first_psi, first_layers, first_moe, in_flight, p.pp == 1)
+    for psi, layers, moe_blocks, micro_batches, is_last in (
+        first,
+        (last_psi, last_layers, last_moe, 1, True),
+    ):
         params, grads, optimizer, cpu = _model_states(model, p, psi)
         logits = np.where(is_last, tokens * logits_per_token, 0.0)
         transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split)
@@ -141,16 +148,22 @@ def _memory(
         moe_saved, moe_peak = np.zeros(len(p)), np.zeros(len(p))
         if whole.moe is not None:
             pb_, gb_, ob_ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-            psi_e = moe.expert_params_per_gpu(whole, layers, p)
+            psi_e = moe.expert_params_per_gpu(whole, moe_blocks, p)
             e_params, e_grads, e_optimizer, e_cpu = moe.expert_state_bytes(psi_e, p, pb_, gb_, ob_)
-            params, grads, optimizer, cpu = params + e_params, grads + e_grads, optimizer + e_optimizer, cpu + e_cpu
+            params, grads, optimizer, cpu = (
+                params + e_params,
+                grads + e_grads,
+                optimizer + e_optimizer,
+                cpu + e_cpu,
+            )
             experts = e_params + e_grads + e_optimizer
-            moe_layers = layers * whole.num_moe_layers / whole.num_layers
             dispatched = moe.tokens_dispatched(p, workload.seq_len)
             per_token = moe.activation_bytes_per_token_per_moe_layer(whole, p, d, load)
-            moe_saved = dispatched * per_token * moe_layers * micro_batches
+            moe_saved = dispatched * per_token * moe_blocks * micro_batches
             # Full recompute rebuilds one block at a time in backward: its MoE tensors are live then.
-            kept = moe.activation_bytes_per_token_per_moe_layer(whole, dataclasses.replace(p, recompute=np.zeros_like(p.recompute)), d, load)
+            kept = moe.activation_bytes_per_token_per_moe_layer(
+                whole, dataclasses.replace(p, recompute=np.zeros_like(p.recompute)), d, load
+            )
             moe_peak = np.where(p.recompute == 2, dispatched * kept, 0.0)
             buffers = buffers + moe.dispatch_buffer_bytes(whole, p, workload.seq_len, d, load)
         # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
@@ -234,7 +247,7 @@ def _times(
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
-    experts, experts_a2a = _moe_forward_s(whole, cluster, workload, p, layers, gpu, gemm_peak, gemm_d, net, params)
+    experts, experts_a2a = _moe_forward_s(whole, cluster, workload, p, gpu, gemm_peak, gemm_d, net, params)
     fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head + 2 * experts
@@ -282,13 +295,17 @@ def _times(
     )
     ga = p.grad_accum
     if whole.moe is not None:
-        psi_e = moe.expert_params_per_gpu(whole, layers, p)
+        psi_e = moe.expert_params_per_gpu(
+            whole, moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2], p
+        )
         pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
         sync = moe.expert_gradient_sync_s(psi_e, p, gb, pb, cluster.gpus_per_node, gpu, net)
         overlapped = workload.overlap_comm | p.comm_overlap
         dp_comm = dp_comm + np.where(overlapped, comm.overlapped_exposed_s(sync, ga * bwd, contention), sync)
         shard = psi_e / np.where(p.zero_stage >= 1, moe.expert_data_parallel(p), 1)
-        optimizer_step = optimizer_step + np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
+        optimizer_step = optimizer_step + np.where(
+            p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu)
+        )
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
     # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
     overhead = params["step_overhead_s"] + ga * params["microstep_overhead_s"]
@@ -311,7 +328,6 @@ def _moe_forward_s(
     cluster: ClusterSpec,
     workload: Workload,
     p: PlanTable,
-    layers: np.ndarray,
     gpu: GPUSpec,
     gemm_peak: np.ndarray,
     gemm_d: Num,
@@ -324,7 +340,7 @@ def _moe_forward_s(
         return np.zeros(len(p)), np.zeros(len(p))
     load = moe.load_factor(model, p, workload.moe_load_imbalance)
     s, d = workload.seq_len, mem.activation_bytes_per_element(p.precision)
-    moe_layers = layers * model.num_moe_layers / model.num_layers
+    moe_layers = moe.moe_blocks_per_stage(model, p.pp, p.virtual_stages)[2]  # the busiest stage's
     gemms = moe.expert_gemm_time_forward_s(model, p, s, gpu, gemm_peak, gemm_d, load)
     router = moe.router_and_permute_time_forward_s(model, p, s, gpu, gemm_peak, d, load)
     exchange = moe.dispatch_combine_time_s(

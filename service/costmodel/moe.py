@@ -18,9 +18,9 @@ import numpy as np
 
 from service.costmodel import comm, compute
 from service.costmodel.types import Num
+from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
-from service.spec.engine import engine_rules
 from service.spec.plan_table import ENGINE_CODES, PlanTable
 
 # Router logits and the top-k probabilities are kept in fp32 (Megatron-Core router.py casts the logits
@@ -80,11 +80,48 @@ def tokens_dispatched(p: PlanTable, seq_len: int) -> np.ndarray:
     return p.micro_batch * seq_len / (p.cp * p.tp)
 
 
-def expert_params_per_gpu(model: ModelSpec, layers: Num, p: PlanTable) -> np.ndarray:
-    """Routed-expert parameters one GPU holds for `layers` blocks of its stage (MoE blocks at the model's
-    share): the block's experts split by ep and, inside each, by expert_tp."""
-    share = model.num_moe_layers / model.num_layers
-    return np.asarray(model.expert_params_per_moe_layer * share * layers / (p.ep * p.expert_tp), dtype=float)
+def moe_blocks_per_stage(
+    model: ModelSpec, pp: Num, virtual_stages: Num = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MoE blocks on the first, on the last and on the busiest pipeline stage, per plan.
+
+    The blocks split into pp·v chunks as `memory.stage_layers` lays them out (the first L mod pp·v
+    chunks one block longer) and stage r holds chunks r, r + pp, ... (Narayanan et al. 2021 §2.2.2);
+    the model's dense blocks (`MoESpec.first_dense_layers`, `layer_frequency`) fall where their index
+    puts them, so the first stage of DeepSeek-V3 holds its three dense blocks."""
+    pp_a, v_a = np.broadcast_arrays(
+        np.asarray(pp, dtype=np.int64), np.asarray(virtual_stages, dtype=np.int64)
+    )
+    first, last, most = (np.zeros(pp_a.shape) for _ in range(3))
+    if model.moe is None:
+        return first, last, most
+    is_moe = np.array([model.moe.is_moe_layer(i) for i in range(model.num_layers)], dtype=float)
+    for pp_i, v_i in {(int(a), int(b)) for a, b in zip(pp_a.ravel(), v_a.ravel(), strict=True)}:
+        chunks = pp_i * v_i
+        base, extra = divmod(model.num_layers, chunks)
+        sizes = np.full(chunks, base) + (np.arange(chunks) < extra)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        per_chunk = np.array([is_moe[bounds[c] : bounds[c + 1]].sum() for c in range(chunks)])
+        per_stage = per_chunk.reshape(v_i, pp_i).sum(axis=0)
+        where = (pp_a == pp_i) & (v_a == v_i)
+        first[where], last[where], most[where] = per_stage[0], per_stage[-1], per_stage.max()
+    return first, last, most
+
+
+def expert_params_per_gpu(model: ModelSpec, moe_blocks: Num, p: PlanTable) -> np.ndarray:
+    """Routed-expert parameters one GPU holds for `moe_blocks` MoE blocks of its stage: each block's
+    experts split by ep and, inside each, by expert_tp."""
+    return np.asarray(model.expert_params_per_moe_layer * moe_blocks / (p.ep * p.expert_tp), dtype=float)
+
+
+def dense_mlp_excess_per_gpu(model: ModelSpec, layers: Num, moe_blocks: Num, tp: Num) -> np.ndarray:
+    """What a stage's non-expert MLP parameters hold beyond the dense view's mean width, per TP rank:
+    its dense blocks' MLPs and its MoE blocks' shared experts and routers, less `layers` blocks at the
+    view's mean MLP (negative on a stage of MoE blocks only)."""
+    view = model.dense_view()
+    dense_blocks = np.asarray(layers, dtype=float) - moe_blocks
+    held = dense_blocks * model.mlp_params_per_layer + moe_blocks * model.shared_params_per_moe_layer
+    return np.asarray((held - layers * view.mlp_params_per_layer) / tp, dtype=float)
 
 
 def expert_state_bytes(
@@ -107,19 +144,29 @@ def expert_state_bytes(
 
 
 def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: Num, load: Num) -> np.ndarray:
-    """Bytes a MoE block saves for backward per dispatched token, beyond the dense view's share: router
-    logits and probabilities (fp32, num_experts each), and for each of the k routed copies (× the load
-    factor on the busiest rank) the permuted input, the expert MLP's input projection output and its
-    activation output (split by expert_tp) and the expert output the combine weighs (Korthikanti et al.
-    2022's per-block accounting, applied to the expert MLP on its routed tokens; Megatron-Core
-    experts.py GroupedMLP saves the same). Full recompute keeps none of them."""
+    """Bytes a MoE block saves for backward per dispatched token, beyond the dense view's share.
+
+    Per routed slot (k per token × the load factor on the busiest rank; a capacity router's padded
+    slots): the permuted input and the expert MLP's own tensors, split by expert_tp: a SwiGLU MLP of
+    eager modules keeps gate, act(gate), up and their product (4f, as `memory.py` counts Hugging Face's
+    Llama MLP), Transformer Engine's fused SwiGLU the fc1 output and fc2's input (3f); a GeLU MLP 2f.
+    DeepSpeed's experts each slice the all-to-all output for their gate and up projections, which save
+    a copy each when ep > 1 (a second h per slot). Per token: the k expert outputs the combine weighs
+    (unpadded: the combine gathers each token's routes back first) and the router's tensors: DeepSpeed's
+    top-k gating keeps fp32 probabilities and one fp32 one-hot mask per chosen expert, E·4·(1 + k), a
+    boolean mask and the gate values and indices (12k + 16); a grouped layer the fp32 logits and
+    probabilities and a boolean routing map, 9E (Megatron-Core router.py, moe_utils.py). Measured on the
+    DeepSpeed proxy within 0.1 % (tests/train/test_moe_proxy.py). Full recompute keeps none of them."""
     moe = model.moe
     assert moe is not None
-    h, f = model.hidden_size, moe.expert_ffn_hidden_size
-    inner = (3 if model.mlp == "swiglu" else 2) * f / p.expert_tp  # gate+up out and activation out
-    per_copy = d * (2 * h + inner)
-    router = 2 * ROUTER_BYTES * moe.num_experts
-    saved = router + moe.experts_per_token * load * per_copy
+    h, f, k, e = model.hidden_size, moe.expert_ffn_hidden_size, moe.experts_per_token, moe.num_experts
+    deepspeed = _rule("layer")[p.engine] == "deepspeed_moe"
+    fused = _engine_field("transformer_engine")[p.engine]
+    swiglu = np.where(fused, 3.0, 4.0) if model.mlp == "swiglu" else 2.0
+    inputs = np.where(deepspeed & (p.ep > 1), 2.0, 1.0)
+    per_slot = d * (swiglu * f / p.expert_tp + inputs * h) + np.where(deepspeed, 8.0, 0.0)
+    router = np.where(deepspeed, ROUTER_BYTES * e * (1 + k) + e + 12 * k + 16, 9.0 * e)
+    saved = k * load * per_slot + d * k * h + router
     return np.where(p.recompute == 2, 0.0, saved)
 
 
@@ -219,7 +266,13 @@ def dispatch_combine_time_s(
 
 
 def expert_gradient_sync_s(
-    psi_expert: Num, p: PlanTable, grad_bytes: Num, param_bytes: Num, gpus_per_node: int, gpu: GPUSpec, links: comm.Links
+    psi_expert: Num,
+    p: PlanTable,
+    grad_bytes: Num,
+    param_bytes: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
 ) -> np.ndarray:
     """The expert slice's data-parallel collectives of one step over the expert-data-parallel group
     (ranks ep·expert_tp apart): the gradient all-reduce

@@ -331,7 +331,7 @@ def outside_space(
         )
     table = PlanTable.from_plans([plan])
     if plan.ep_comm_overlap != bool(ep_overlap_allowed(table)[0] and plan.ep > 1):
-        return "the planner tries expert-parallel plans with the all-to-all overlap on wherever the engine allows it"
+        return "the planner turns the all-to-all overlap on wherever the engine allows it (ep > 1)"
     if plan.expert_tp not in (1, plan.tp):
         return "the planner tries expert_tp 1 and expert_tp = tp"
     if plan.precision not in _precisions(precision):

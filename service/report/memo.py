@@ -332,11 +332,13 @@ def experts(r: RunResult) -> list[Block]:
     if x is None:
         return []
     layout = f"EP {x.ep}" + (f" with expert TP {x.expert_tp}" if x.expert_tp > 1 else "")
-    rows = [
-        [str(f.ep), f.label, fmt_tokens(f.tokens_per_s), f"{f.all_to_all_share:.0%}"] for f in x.families
-    ]
+    rows = [[str(f.ep), f.label, fmt_tokens(f.tokens_per_s), f"{f.all_to_all_share:.0%}"] for f in x.families]
     cases = [
-        [f"{c.imbalance:g}", c.selected_label or "no plan meets the budget", fmt_tokens(c.chosen_tokens_per_s)]
+        [
+            f"{c.imbalance:g}",
+            c.selected_label or "no plan meets the budget",
+            fmt_tokens(c.chosen_tokens_per_s),
+        ]
         for c in x.imbalance
     ]
     return [

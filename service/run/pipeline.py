@@ -28,10 +28,10 @@ from service.report.result import CALIBRATED, PRIOR, PUBLISHED, Alternative, Pro
 from service.run import calibration as cal
 from service.run.decide import Scored, best_cluster, score
 from service.run.evidence import evidence, tie_group
+from service.run.experts import expert_parallelism
 from service.run.goodput import checkpoint_bytes, goodput_record
 from service.run.proxies import run_proxies
 from service.run.rows import memo_rows
-from service.run.experts import expert_parallelism
 from service.run.sensitivity import sensitivity
 from service.run.validate import choose, design_proxy
 from service.search.result import SearchResult

@@ -60,6 +60,11 @@ class ExpertParallelRule(BaseModel):
     # outputs over them after (sharded_moe.py drop_tokens / gather_tokens); the others exchange tokens
     # over the expert-TP group only.
     regathers_over_tp: bool
+    # How the MoE layer is built, which sets what it saves for backward (costmodel/moe.py): DeepSpeed's
+    # `deepspeed.moe` (top-k gating with one fp32 one-hot mask per chosen expert, a Python loop over the
+    # local experts, each slicing its own copy of the all-to-all output) or a permute + grouped-GEMM
+    # layer (Megatron-Core's GroupedMLP / TEGroupedMLP, torchtitan's GroupedExperts).
+    layer: Literal["deepspeed_moe", "grouped"]
     max_zero_stage: int = Field(ge=0, le=3)  # highest ZeRO stage a MoE model runs with
     with_pipeline: bool  # MoE blocks inside a pipeline (pp > 1)
     routers: tuple[Literal["dropless", "capacity"], ...]  # router regimes the engine runs

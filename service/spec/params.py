@@ -142,7 +142,9 @@ MEMORY_PARAMS = ("activation_memory_scale",)
 # in sample (ibm 7.4 → 8.9 %, torchtitan 5.9 → 7.5 %, mosaicml 8.8 → 9.3 %). Their slowness is that
 # engine's, not NCCL's, so the scale keeps its prior (NCCL's table) unless a user's runs identify it.
 # The all-to-all efficiency moves only MoE plans, which the published set's dense runs are not.
-PUBLISHED_FIT_PARAMS = tuple(n for n in TIME_PARAMS if n not in ("collective_latency_scale", "all_to_all_efficiency"))
+PUBLISHED_FIT_PARAMS = tuple(
+    n for n in TIME_PARAMS if n not in ("collective_latency_scale", "all_to_all_efficiency")
+)
 
 
 class Domain(BaseModel):

@@ -141,8 +141,8 @@ class Plan(BaseModel):
 
     def short(self) -> str:
         """A compact label for tables and run names, e.g. `dp8-tp4-pp1-z1-mb2-ga8-rc:sel` (`-cp2`, `-ep8`
-        and `-etp2` after the pipeline when above 1; ZeRO++ and shard-group settings after the offloads; `-ovl` and `-tpo` for
-        Megatron-Core's overlaps, then `-fp8` last)."""
+        and `-etp2` after the pipeline when above 1; ZeRO++ and shard-group settings after the offloads;
+        `-ovl`, `-tpo` and `-epo` for Megatron-Core's overlaps, then `-fp8` last)."""
         off = ("-offopt" if self.offload_optimizer else "") + ("-offpar" if self.offload_params else "")
         off += f"-hpz{self.zero_hpz_partition_size}" if self.zero_hpz_partition_size > 1 else ""
         off += f"-sg{self.shard_group_size}" if self.shard_group_size else ""
@@ -189,14 +189,25 @@ def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
         return "virtual_stages", f"{plan.engine} has no interleaved pipeline schedule; allowed: 1"
     if plan.ep_comm_overlap and not engine_rules(plan.engine).expert_parallel.a2a_overlap:
         need = " or ".join(e for e in ENGINES if engine_rules(e).expert_parallel.a2a_overlap)
-        return "ep_comm_overlap", f"ep_comm_overlap (the 1F1B all-to-all overlap) needs engine {need}, not {plan.engine}"
+        return (
+            "ep_comm_overlap",
+            f"ep_comm_overlap (the 1F1B all-to-all overlap) needs engine {need}, not {plan.engine}",
+        )
     if plan.ep_comm_overlap and plan.pp > 1 and plan.virtual_stages == 1:
         # megatron/core/transformer/transformer_config.py: overlap_moe_expert_parallel_comm with PP needs VPP.
-        return "ep_comm_overlap", "ep_comm_overlap with pp > 1 needs the interleaved schedule (virtual_stages > 1)"
-    allowed = {"one": (1,), "one_or_tp": (1, plan.tp)}.get(engine_rules(plan.engine).expert_parallel.expert_tp)
+        return (
+            "ep_comm_overlap",
+            "ep_comm_overlap with pp > 1 needs the interleaved schedule (virtual_stages > 1)",
+        )
+    allowed = {"one": (1,), "one_or_tp": (1, plan.tp)}.get(
+        engine_rules(plan.engine).expert_parallel.expert_tp
+    )
     if allowed is not None and plan.expert_tp not in allowed:
-        split = "over its TP ranks or not at all" if len(allowed) > 1 else "never (no expert tensor parallelism)"
-        message = f"{plan.expert_tp}: {plan.engine} splits experts {split}; allowed: {' or '.join(map(str, sorted(set(allowed))))}"
+        split = (
+            "over its TP ranks or not at all" if len(allowed) > 1 else "never (no expert tensor parallelism)"
+        )
+        choices = " or ".join(map(str, sorted(set(allowed))))
+        message = f"{plan.expert_tp}: {plan.engine} splits experts {split}; allowed: {choices}"
         return "expert_tp", message
     return None
 
@@ -293,7 +304,10 @@ def _moe_problem(plan: Plan, model: ModelSpec) -> tuple[str, str] | None:
     stage_ranks = plan.dp * plan.cp * plan.tp
     if stage_ranks % (plan.ep * plan.expert_tp):
         folded = plan.ep * plan.expert_tp
-        return "ep", f"ep·expert_tp = {folded} does not divide the {stage_ranks} ranks of a pipeline stage (dp·cp·tp)"
+        return (
+            "ep",
+            f"ep·expert_tp = {folded} does not divide the {stage_ranks} ranks of a pipeline stage (dp·cp·tp)",
+        )
     return None
 
 

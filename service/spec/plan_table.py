@@ -60,7 +60,15 @@ class PlanTable:
         `cp` default to 1 (plain 1F1B, no context parallelism), `engine` to deepspeed, the ZeRO++ and
         shard-group columns and the Megatron overlaps to off, `ep` and `expert_tp` to 1."""
         ints = {"dp", "tp", "pp", "zero_stage", "micro_batch", "grad_accum", "recompute", "precision"}
-        ints |= {"virtual_stages", "engine", "cp", "zero_hpz_partition_size", "shard_group_size", "ep", "expert_tp"}
+        ints |= {
+            "virtual_stages",
+            "engine",
+            "cp",
+            "zero_hpz_partition_size",
+            "shard_group_size",
+            "ep",
+            "expert_tp",
+        }
         n = len(np.asarray(cols["dp"]))
         cols.setdefault("virtual_stages", np.ones(n, dtype=np.int64))
         cols.setdefault("engine", np.zeros(n, dtype=np.int64))  # deepspeed

@@ -82,7 +82,10 @@ def test_estimate_table_output(capsys):
         (["--pp", "3"], ["--pp", "allowed --pp for this model and cluster: 1, 2, 4, 8, 16, 32"]),
         (["--gpus", "12"], ["--gpus", "not a whole number of nodes", "allowed: a multiple of 8"]),
         (["--gpu", "h900"], ["--gpu", "unknown GPU 'h900'", "allowed: a100-sxm-40gb"]),
-        (["--model", "llama9"], ["--model", "unknown model 'llama9'", "allowed: codellama-34b, deepseek-v2-lite"]),
+        (
+            ["--model", "llama9"],
+            ["--model", "unknown model 'llama9'", "allowed: codellama-34b, deepseek-v2-lite"],
+        ),
         (["--zero", "2", "--pp", "2"], ["--zero", "zero_stage 0 or 1 only"]),
         (["--offload-params", "--zero", "2"], ["--offload-params", "needs zero_stage 3"]),
         (["--sequence-parallel"], ["--sequence-parallel", "needs tp > 1"]),

@@ -132,7 +132,8 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
         virtual_stages=rng.choice([1, 1, 2, 3], n), zero_hpz_partition_size=rng.choice([1, 1, 1, 2, 4], n),
         shard_group_size=rng.choice([0, 0, 0, 2, 3], n), zero_quantized_weights=rng.random(n) < 0.1,
         zero_quantized_gradients=rng.random(n) < 0.1, comm_overlap=rng.random(n) < 0.2,
-        tp_comm_overlap=rng.random(n) < 0.2, ep=rng.choice([1, 1, 2, 3, 4], n), expert_tp=rng.choice([1, 1, 2, 4], n),
+        tp_comm_overlap=rng.random(n) < 0.2, ep=rng.choice([1, 1, 2, 3, 4], n),
+        expert_tp=rng.choice([1, 1, 2, 4], n),
         ep_comm_overlap=rng.random(n) < 0.2,
     )  # fmt: skip
     grid = _zero3_grid()

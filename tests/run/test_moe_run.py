@@ -47,14 +47,17 @@ def test_the_memo_has_the_expert_section(moe_run):
     assert f"experts split over ep {moe_run.experts.ep}" in text or moe_run.experts.ep == 1
 
 
+MOE = "{num_experts: 4, experts_per_token: %s, expert_ffn_hidden_size: 128%s}"
+
+
 @pytest.mark.parametrize(
     ("moe", "message"),
     [
-        ("{num_experts: 4, experts_per_token: 6, expert_ffn_hidden_size: 128}", "model.moe.experts_per_token: 6 exceeds num_experts 4"),
-        ("{num_experts: 4, experts_per_token: 2, expert_ffn_hidden_size: 128, router: switch}", "model.moe.router: "),
-        ("{num_experts: 4, experts_per_token: 2, expert_ffn_hidden_size: 128, router: capacity, capacity_factor: 0.5}", "model.moe.capacity_factor: 0.5 is below 1"),
+        (MOE % (6, ""), "model.moe.experts_per_token: 6 exceeds num_experts 4"),
+        (MOE % (2, ", router: switch"), "model.moe.router: "),
+        (MOE % (2, ", router: capacity, capacity_factor: 0.5"), "model.moe.capacity_factor: 0.5 is below 1"),
     ],
-)  # fmt: skip
+)
 def test_bad_moe_experiments_are_one_line_and_write_nothing(tmp_path, capsys, moe, message):
     path = tmp_path / "bad.yaml"
     path.write_text(

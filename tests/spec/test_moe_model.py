@@ -7,8 +7,12 @@ from service.spec.model import ModelSpec, MoESpec
 # Mixtral 8x7B's config.json (mistralai/Mixtral-8x7B-v0.1): 46.7B parameters, 12.9B active
 # (Mistral AI, "Mixtral of experts", 2023, and arXiv 2401.04088 §2).
 MIXTRAL = dict(
-    num_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-    ffn_hidden_size=14336, vocab_size=32000,
+    num_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    ffn_hidden_size=14336,
+    vocab_size=32000,
 )
 
 
@@ -35,8 +39,14 @@ def test_dense_view_holds_everything_but_the_routed_experts() -> None:
 
 def test_moe_layer_pattern_counts_blocks() -> None:
     every_other = MoESpec(num_experts=8, experts_per_token=2, expert_ffn_hidden_size=64, layer_frequency=2)
-    assert every_other.num_moe_layers(32) == 16 and every_other.is_moe_layer(1) and not every_other.is_moe_layer(0)
-    first_three_dense = MoESpec(num_experts=8, experts_per_token=2, expert_ffn_hidden_size=64, first_dense_layers=3)
+    assert (
+        every_other.num_moe_layers(32) == 16
+        and every_other.is_moe_layer(1)
+        and not every_other.is_moe_layer(0)
+    )
+    first_three_dense = MoESpec(
+        num_experts=8, experts_per_token=2, expert_ffn_hidden_size=64, first_dense_layers=3
+    )
     assert first_three_dense.num_moe_layers(61) == 58
     assert [first_three_dense.is_moe_layer(i) for i in range(4)] == [False, False, False, True]
 
@@ -65,7 +75,9 @@ def test_capacity_router_accepts_a_factor_of_one_or_more() -> None:
 
 
 def test_proxy_keeps_a_moe_block_and_scales_expert_width() -> None:
-    m = ModelSpec(**MIXTRAL, moe=MoESpec(num_experts=8, experts_per_token=2, expert_ffn_hidden_size=14336,
-                                          first_dense_layers=3))
+    m = ModelSpec(
+        **MIXTRAL,
+        moe=MoESpec(num_experts=8, experts_per_token=2, expert_ffn_hidden_size=14336, first_dense_layers=3),
+    )
     proxy = m.scaled(num_layers=2, hidden_scale=8)
     assert proxy.num_moe_layers == 1 and proxy.moe.expert_ffn_hidden_size == 14336 // 8
