@@ -71,7 +71,8 @@ def load_factor(model: ModelSpec, p: PlanTable, imbalance: float) -> np.ndarray:
     moe = model.moe
     if moe is None:
         return np.ones(len(p))
-    factor = float(moe.capacity_factor) if moe.router == "capacity" else float(imbalance)
+    capacity = moe.capacity_factor if moe.router == "capacity" else None  # validated: set with capacity
+    factor = float(capacity) if capacity is not None else float(imbalance)
     return np.full(len(p), factor)
 
 

@@ -147,10 +147,11 @@ def proxy_plan_for(plan: Plan, experiment: ExperimentSpec) -> Plan:
     grad_accum is capped (2 without a pipeline, 4 with one) to keep trials short: activations peak per
     micro-batch without a pipeline, and a pipeline needs at least pp micro-batches in flight. The proxy's
     Ulysses attention runs without a pipeline and without sequence parallelism
-    (service/train/context_parallel.py), so a cp plan keeps its cp and drops those two. ZeRO++ keeps hpZ
-    (its group shrunk to divide dp); shard groups (FSDP's HSDP; the proxy runs DeepSpeed) and, on CPU,
-    the quantized weights/gradients (no CPU kernel) cannot run and are dropped: the memo's proxy row
-    shows the plan that ran.
+    (service/train/context_parallel.py), so a cp plan keeps its cp and drops those two. A MoE plan keeps
+    its ep as far as the proxy's ranks and experts allow, without tp or cp (the MoE proxy has neither).
+    ZeRO++ keeps hpZ (its group shrunk to divide dp); shard groups (FSDP's HSDP; the proxy runs
+    DeepSpeed) and, on CPU, the quantized weights/gradients (no CPU kernel) cannot run and are dropped:
+    the memo's proxy row shows the plan that ran.
     """
     proxy, model = experiment.proxy, experiment.model
     workers = proxy.num_workers
@@ -158,15 +159,21 @@ def proxy_plan_for(plan: Plan, experiment: ExperimentSpec) -> Plan:
     def largest(limit: int, ok: Callable[[int], bool]) -> int:
         return max(d for d in range(1, max(limit, 1) + 1) if ok(d))
 
-    tp = largest(min(plan.tp, workers), lambda d: workers % d == 0 and model.num_attention_heads % d == 0)
+    # The MoE proxy runs DeepSpeed's MoE layer without tensor or context parallelism (service/train/moe.py).
+    moe = model.moe
+    tp_cap, cp_cap = (1, 1) if moe is not None else (plan.tp, plan.cp)
+    tp = largest(min(tp_cap, workers), lambda d: workers % d == 0 and model.num_attention_heads % d == 0)
     heads = model.num_attention_heads // tp
     seq = proxy.seq_len or experiment.workload.seq_len
     cp = largest(
-        min(plan.cp, workers // tp), lambda d: (workers // tp) % d == 0 and heads % d == 0 and seq % d == 0
+        min(cp_cap, workers // tp), lambda d: (workers // tp) % d == 0 and heads % d == 0 and seq % d == 0
     )
     pp_max = 1 if cp > 1 else min(plan.pp, workers // tp, proxy.num_layers)
     pp = largest(pp_max, lambda d: (workers // tp) % d == 0 and proxy.num_layers % d == 0)
     dp = workers // (tp * pp * cp)
+    # Experts split over as many of the stage's ranks as the plan's ep and the expert count allow.
+    experts = moe.num_experts if moe is not None else 1
+    ep = largest(min(plan.ep, dp * cp * tp), lambda d: experts % d == 0 and (dp * cp * tp) % d == 0)
     grad_accum = min(plan.grad_accum, 2) if pp == 1 else min(max(plan.grad_accum, pp), 4)
     on_cpu = proxy.device == "cpu"
     fields = plan.model_dump()
@@ -182,6 +189,8 @@ def proxy_plan_for(plan: Plan, experiment: ExperimentSpec) -> Plan:
         shard_group_size=0,
         zero_quantized_weights=plan.zero_quantized_weights and not on_cpu,
         zero_quantized_gradients=plan.zero_quantized_gradients and not on_cpu,
+        ep=ep,
+        expert_tp=1,
     )
     return Plan(**fields)  # validated: a proxy plan DeepSpeed cannot run fails here, naming the field
 

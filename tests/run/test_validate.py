@@ -94,3 +94,21 @@ def test_the_proxy_error_note_says_what_the_proxies_could_tell() -> None:
     assert "says nothing" not in gpu_run and "RSS" not in gpu_run
     cpu_for_gpu = validation_error([], {}, calibrated=True, time_fitted=False, on_cpu=True)["note"]
     assert "says nothing about the production GPU" in cpu_for_gpu and "RSS" in cpu_for_gpu
+
+
+def test_a_moe_plan_keeps_its_experts_split_on_the_proxy_without_tp_or_cp():
+    """The MoE proxy (service/train/moe.py) has neither tensor nor context parallelism: ep is kept as far
+    as the proxy's ranks and the expert count allow, expert_tp drops to 1."""
+    from pathlib import Path
+
+    from service.spec import load_experiment
+
+    root = Path(__file__).resolve().parents[2]
+    exp = load_experiment(root / "experiments" / "qwen3-30b-a3b-64xh100.yaml")
+    exp = exp.model_copy(update={"proxy": cpu_proxy(exp)})  # 2 CPU workers
+    proxy = proxy_plan_for(Plan(dp=32, tp=2, ep=8, expert_tp=2, engine="megatron", zero_stage=1), exp)
+    assert (proxy.dp, proxy.tp, proxy.cp, proxy.ep, proxy.expert_tp) == (2, 1, 1, 2, 1)
+    ring = proxy_plan_for(Plan(dp=32, cp=2, ep=4, zero_stage=2, grad_accum=16), exp)
+    assert (ring.dp, ring.cp, ring.ep) == (2, 1, 2)
+    dense = proxy_plan_for(Plan(dp=64, zero_stage=2), exp)
+    assert dense.ep == 1
