@@ -89,11 +89,12 @@ def _print_table(result: dict) -> None:  # type: ignore[type-arg]
         "expert_state_bytes_per_rank",
         "activation_bytes_per_rank",
         "peak_memory_bytes_per_rank",
+        "moe_load",
     )
     print(f"{'':30s} {'measured':>14s} {'predicted':>14s}")
     for k in keys:
         m, p = result["measured"].get(k), result["predicted"].get(k)
-        if m is None and p is None:  # the experts' share: MoE models only
+        if m is None and p is None:  # the experts' share and load: MoE models only
             continue
         print(f"{k:30s} {'' if m is None else f'{m:14.4g}':>14s} {'' if p is None else f'{p:14.4g}':>14s}")
 

@@ -44,8 +44,12 @@ NO_PROXY_RULE = (
 )
 
 
-def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> Metrics:
-    """The cost model's numbers for a proxy run (per rank), with `params`."""
+def proxy_prediction(
+    exp: ExperimentSpec, plan: Plan, params: ModelParams, moe_load: float | None = None
+) -> Metrics:
+    """The cost model's numbers for a proxy run (per rank), with `params`; a MoE proxy's experts at
+    `moe_load`, the load it measured (`proxy_scale.proxy_workload`), so that its activations are compared
+    and fitted like for like. The production estimate keeps the experiment's own imbalance."""
     from service.costmodel import estimate
     from service.train.proxy_scale import per_rank_metrics, proxy_cluster, proxy_model, proxy_workload
 
@@ -53,7 +57,7 @@ def proxy_prediction(exp: ExperimentSpec, plan: Plan, params: ModelParams) -> Me
         proxy_model(exp),
         proxy_cluster(exp, plan.num_gpus),
         plan,
-        proxy_workload(exp, plan),
+        proxy_workload(exp, plan, moe_load),
         memory_headroom=exp.budget.memory_headroom,
         params=params,
     )
@@ -65,7 +69,8 @@ def measured_runs(exp: ExperimentSpec, trials: Sequence[TrialRecord], source: st
 
     The proxy's meter counts every tensor autograd saves, the loss's logits included; the cost model
     keeps logits as a term of their own (not scaled by `activation_memory_scale`), so the model's
-    logits term is taken off the measurement before the fit."""
+    logits term is taken off the measurement before the fit. A MoE proxy's workload carries the load
+    its experts ran at (`moe_load`), which its activations were measured at."""
     from service.calibrate import MeasuredRun
     from service.train.proxy_scale import proxy_cluster, proxy_model, proxy_workload
 
@@ -74,7 +79,7 @@ def measured_runs(exp: ExperimentSpec, trials: Sequence[TrialRecord], source: st
         m = t.measured
         if t.status != "ok" or "activation_bytes_per_rank" not in m:
             continue
-        logits = proxy_prediction(exp, t.plan, ModelParams()).logits_bytes_per_rank or 0.0
+        logits = proxy_prediction(exp, t.plan, ModelParams(), m.moe_load).logits_bytes_per_rank or 0.0
         activations = m["activation_bytes_per_rank"] - logits
         runs.append(
             MeasuredRun(
@@ -82,7 +87,7 @@ def measured_runs(exp: ExperimentSpec, trials: Sequence[TrialRecord], source: st
                 source=source,
                 model=proxy_model(exp),
                 cluster=proxy_cluster(exp, t.plan.num_gpus),
-                workload=proxy_workload(exp, t.plan),
+                workload=proxy_workload(exp, t.plan, m.moe_load),
                 plan=t.plan,
                 tokens_per_s_per_gpu=m.get("tokens_per_s", 0.0) / t.plan.num_gpus or None,
                 activations_bytes=activations if activations > 0 else None,
@@ -152,10 +157,11 @@ def leave_one_out(
         return {}
     if len(runs) < 2:
         return {}
+    loads = {t.trial_id: t.measured.moe_load for t in trials}
     out = {}
     for i, run in enumerate(runs):
         params = _fit(runs[:i] + runs[i + 1 :], prior, MEMORY_PARAMS)
-        out[run.id] = proxy_prediction(exp, run.plan, params)
+        out[run.id] = proxy_prediction(exp, run.plan, params, loads.get(run.id))
     return out
 
 

@@ -270,8 +270,8 @@ class Run:
                     status=t.status,
                     reason=t.reason,
                     measured=t.measured,
-                    predicted_prior=cal.proxy_prediction(proxy_exp, t.plan, prior),
-                    predicted_calibrated=cal.proxy_prediction(proxy_exp, t.plan, params)
+                    predicted_prior=cal.proxy_prediction(proxy_exp, t.plan, prior, t.measured.moe_load),
+                    predicted_calibrated=cal.proxy_prediction(proxy_exp, t.plan, params, t.measured.moe_load)
                     if params
                     else Metrics(),
                     mlflow_run_id=t.mlflow_run_id,

@@ -69,6 +69,10 @@ class Metrics(BaseModel):
     activation_bytes_per_rank: float | None = None
     logits_bytes_per_rank: float | None = None
     fits: float | None = None  # predicted only: 1.0 when the plan fits the device's memory
+    # measured only, MoE models: the load the routed experts ran at in the busiest metered forward,
+    # num_experts·C / (k·tokens) with C the capacity DeepSpeed padded every expert to, averaged over the
+    # MoE blocks (service/train/moe.py `padded_load`)
+    moe_load: float | None = None
 
     @model_validator(mode="before")
     @classmethod

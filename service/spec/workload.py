@@ -19,6 +19,7 @@ SelectiveRecompute = Literal["attention_block", "every_other_block", "every_othe
 # Busiest expert's tokens over its balanced share with an auxiliary balancing loss (Wang et al. 2024,
 # Table 2, the 3B model's 1.52); see service/costmodel/moe.py `load_factor`.
 DEFAULT_MOE_LOAD_IMBALANCE = 1.5
+MAX_MOE_LOAD_IMBALANCE = 64.0  # its bound: every token of a top-1 router on one expert of 64
 
 
 class Workload(BaseModel):
@@ -84,7 +85,7 @@ class Workload(BaseModel):
     moe_load_imbalance: float = Field(
         DEFAULT_MOE_LOAD_IMBALANCE,
         ge=1.0,
-        le=64.0,
+        le=MAX_MOE_LOAD_IMBALANCE,
         allow_inf_nan=False,
         description="MoE models with a dropless router: tokens the busiest expert receives over its "
         "balanced share (default: Wang et al. 2024, arXiv 2408.15664, Table 2, 1.52 with an auxiliary "

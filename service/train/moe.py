@@ -16,6 +16,13 @@ One block (`MoEBlock`) is:
   and added to what backward differentiates through the block's output (`_AuxLossScaler`); the loss a
   worker reports stays the language model's cross-entropy, comparable with a dense proxy's.
 
+The load the experts ran at (`padded_load`): DeepSpeed sizes every expert's buffer to one capacity C per
+forward, experts × C slots for the k × tokens routed ones; a capacity router's C follows the capacity
+factor, a dropless one's is the busiest expert's count (all-reduced MAX over the EP group), so an
+untrained router pads to several times the balanced share. The worker reports the busiest metered
+forward's (`moe_load`), and the proxy's prediction is priced at it (service/train/proxy_scale.py
+`proxy_workload`).
+
 Weights: every tensor of a block is drawn from its own generator, seeded by (seed, block, tensor,
 global expert id), with Hugging Face's Llama initialisation (normal, std `initializer_range`), so a model
 is the same whatever ep splits it, and the rest of the proxy keeps the dense proxy's weights. DeepSpeed's
@@ -25,8 +32,10 @@ every expert identical.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -63,7 +72,9 @@ class MoEBlock(torch.nn.Module):
 
     `forward(hidden)` returns the block's MLP output, as the Llama MLP it replaces does; the gate's
     balancing loss reaches backward with the weight `aux_loss_scale` (`set_aux_loss_scale`), and the
-    last forward's tokens per expert are kept in `exp_counts`."""
+    last forward's tokens per expert are kept in `exp_counts`. While `counting` is on (`counting_slots`),
+    each forward appends to `slots` the slots its experts ran, experts × the capacity C DeepSpeed's gate
+    chose, and the k × tokens routed."""
 
     def __init__(self, moe: torch.nn.Module, shared_experts: torch.nn.Module | None):
         super().__init__()
@@ -71,6 +82,17 @@ class MoEBlock(torch.nn.Module):
         self.shared_experts = shared_experts
         self.aux_loss_scale = AUX_LOSS_COEFFICIENT
         self.exp_counts: torch.Tensor | None = None
+        self.counting = False
+        self.slots: list[tuple[int, int]] = []  # (padded, routed) per counted forward
+        moe.deepspeed_moe.gate.register_forward_hook(self._count_slots)  # type: ignore[union-attr]
+
+    def _count_slots(self, gate: torch.nn.Module, inputs: tuple[Any, ...], output: tuple[Any, ...]) -> None:
+        """The gate's (l_aux, C, E, ...) (moe/sharded_moe.py `TopKGate.forward` with sparse routes, as
+        `MOELayer` calls it) for `inputs[0]`, the tokens × h this rank routes. `MOELayer` reads C on the
+        host right after (`C = int(C)`), so reading it here costs no extra device sync."""
+        if self.counting:
+            k: int = gate.k  # type: ignore[assignment]
+            self.slots.append((int(output[2]) * int(output[1]), k * int(inputs[0].shape[0])))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         out, l_aux, self.exp_counts = self.moe(hidden)
@@ -169,6 +191,43 @@ def apply_moe(lm: torch.nn.Module, spec: ModelSpec, plan: Plan, seed: int, rank:
 
 def moe_blocks(module: torch.nn.Module) -> list[MoEBlock]:
     return [m for m in module.modules() if isinstance(m, MoEBlock)]
+
+
+@contextlib.contextmanager
+def counting_slots(module: torch.nn.Module) -> Iterator[None]:
+    """Counts the routed and padded slots of every MoE block's forwards inside the block."""
+    blocks = moe_blocks(module)
+    for block in blocks:
+        block.counting = True
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.counting = False
+
+
+def forward_loads(module: torch.nn.Module) -> list[float]:
+    """The load the routed experts ran at in each counted forward (a micro-batch's pass through this
+    rank's MoE blocks): slots padded over slots routed, summed over the blocks, i.e. num_experts·C /
+    (k·tokens) averaged over the blocks. Dropless: the max/mean of DeepSpeed's `exp_counts` (over the EP
+    group); capacity: ceil(tokens·k/E · capacity factor) (at least `min_capacity`) over tokens·k/E.
+    Empty where nothing was counted (no MoE block on this rank)."""
+    passes = zip(*(b.slots for b in moe_blocks(module)), strict=False)  # every block sees every micro-batch
+    return [sum(p for p, _ in f) / sum(r for _, r in f) for f in passes]
+
+
+def padded_load(module: torch.nn.Module) -> float | None:
+    """The busiest counted forward's load (`forward_loads`), or None where nothing was counted.
+
+    The busiest, not the mean: saved activations peak in one micro-batch's forward (backward frees
+    them before the next), at that forward's load. The tiny dropless proxy's metered forwards (tests/
+    train/test_moe_proxy.py, 16 experts, top-2) ran at 3.0, 2.88, 2.81 and 2.66: its activations priced at
+    the busiest were 0.3 % over the measurement, at the mean 3.1 % under; the Qwen3-30B-A3B proxy's (128
+    experts, top-8, 256 tokens a rank, ep 2) at 12.9-13.8 of at most 16: +0.8 % at the busiest (−80 % at
+    the default imbalance 1.5). With a pipeline several micro-batches are in flight at once, and the
+    busiest forward's load bounds theirs."""
+    loads = forward_loads(module)
+    return max(loads) if loads else None
 
 
 def optimizer_param_groups(module: torch.nn.Module) -> list[dict[str, Any]]:

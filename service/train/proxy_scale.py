@@ -16,7 +16,7 @@ from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, default_bands, load_params
 from service.spec.plan import Plan, plan_problem
 from service.spec.record import Metrics
-from service.spec.workload import Workload
+from service.spec.workload import MAX_MOE_LOAD_IMBALANCE, Workload
 from service.train.ds_config import PROXY_OVERLAP_COMM, proxy_precision
 
 if TYPE_CHECKING:
@@ -54,16 +54,27 @@ def proxy_seq_len(experiment: ExperimentSpec) -> int:
     return experiment.proxy.seq_len or experiment.workload.seq_len
 
 
-def proxy_workload(experiment: ExperimentSpec, plan: Plan) -> Workload:
+def proxy_workload(experiment: ExperimentSpec, plan: Plan, moe_load: float | None = None) -> Workload:
     """The proxy's step: `plan.micro_batch·grad_accum·dp` sequences of the proxy sequence length, its
-    collectives overlapped as the proxies' DeepSpeed config runs them (`PROXY_OVERLAP_COMM`: off)."""
+    collectives overlapped as the proxies' DeepSpeed config runs them (`PROXY_OVERLAP_COMM`: off).
+
+    A MoE proxy's experts are priced at `moe_load`, the load the proxy measured (`Metrics.moe_load`),
+    when given: its router is untrained, and DeepSpeed's dropless path pads every expert to the busiest
+    one's count (13.8× the balanced share on the Qwen3-30B-A3B proxy: 128 experts, top-8, 256 tokens a
+    rank), far from a trained router's imbalance. Before a run, the experiment's `moe_load_imbalance`.
+    Clipped to the field's range (a capacity router's padding is its capacity factor whatever the load:
+    costmodel/moe.py `load_factor`)."""
     seq_len = proxy_seq_len(experiment)
     steps = experiment.proxy.steps
+    imbalance = experiment.workload.moe_load_imbalance
+    if moe_load is not None:
+        imbalance = min(max(moe_load, 1.0), MAX_MOE_LOAD_IMBALANCE)
     return Workload(
         seq_len=seq_len,
         global_batch_sequences=plan.sequences_per_step,
         tokens_to_train=float(plan.sequences_per_step * seq_len * steps),
         overlap_comm=PROXY_OVERLAP_COMM,
+        moe_load_imbalance=imbalance,
     )
 
 
@@ -145,9 +156,10 @@ def _shipped_proxy_params() -> ModelParams:
     return proxy_params(load_params())
 
 
-def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> Metrics:
+def predict_proxy(experiment: ExperimentSpec, plan: Plan, moe_load: float | None = None) -> Metrics:
     """The cost model's answer for the proxy run of `plan`, per rank: the busiest one (with a pipeline, the
-    first or the last stage, whichever holds more), which is what the worker reports as measured.
+    first or the last stage, whichever holds more), which is what the worker reports as measured. A MoE
+    proxy's experts at `moe_load`, the load it measured, when given (see `proxy_workload`).
 
     Time uses `proxy_params()` (the framework overheads at their prior: see FRAMEWORK_OVERHEADS).
     Model state = params + grads + optimizer + cpu_offload (everything the rank holds for the model,
@@ -161,7 +173,7 @@ def predict_proxy(experiment: ExperimentSpec, plan: Plan) -> Metrics:
         proxy_model(experiment),
         proxy_cluster(experiment, plan.num_gpus),
         proxy_plan(experiment, plan),
-        proxy_workload(experiment, plan),
+        proxy_workload(experiment, plan, moe_load),
         memory_headroom=experiment.budget.memory_headroom,
         params=proxy_params(),
     )

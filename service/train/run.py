@@ -200,7 +200,8 @@ def run_proxy(
     """Runs `plan` at proxy scale on Ray and returns what it measured; never raises for a failed trial.
 
     With `inject_failure_at_step` the trial gets one restart (`max_failures` defaults to 1 then, else
-    0) and a checkpoint every step unless `checkpoint_every` says otherwise.
+    0) and a checkpoint every step unless `checkpoint_every` says otherwise. A MoE proxy's prediction is
+    priced at the load its experts measured (`predict_proxy`'s `moe_load`).
     """
     from service.train.trainer import build_trainer
 
@@ -239,6 +240,8 @@ def run_proxy(
     except Exception as err:  # a failed trial is a result, not an exception (Ray wraps the worker's)
         status, reason = classify_failure(err)
     result = _result_from_log(Path(storage_path) / run_name, fit_start)
+    if predicted and result.measured.moe_load is not None:  # like for like: at the load the experts ran
+        predicted = predict_proxy(experiment, plan, result.measured.moe_load)
     return result.model_copy(
         update={
             "status": status,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 import time
@@ -109,7 +110,11 @@ def _train_step(
     steps that are timed and need no counting."""
     if cfg.model.moe is not None:
         moe.set_aux_loss_scale(engine)
-    with meter if meter is not None else contextlib.nullcontext():
+    with contextlib.ExitStack() as metering:
+        if meter is not None:
+            metering.enter_context(meter)
+            if cfg.model.moe is not None:  # the experts' load on the steps whose activations are counted
+                metering.enter_context(moe.counting_slots(engine.module))
         if cfg.plan.pp > 1:
             return float(engine.train_batch(data_iter=loader))
         total = 0.0
@@ -219,6 +224,16 @@ def _gather_over_ranks(values: list[float]) -> list[list[float]]:
     return [[float(x) for x in row.tolist()] for row in out]
 
 
+def _moe_load(engine: Any) -> float:
+    """The routed experts' padded load in the busiest metered forward (`moe.padded_load`), the largest of
+    the ranks' (ranks of one EP group share it: C is all-reduced over the group), as the activations are
+    the busiest rank's; NaN where no rank holds a MoE block (an all-gather: every rank must call it)."""
+    mine = moe.padded_load(engine.module)
+    loads = [row[0] for row in _gather_over_ranks([math.nan if mine is None else mine])]
+    counted = [x for x in loads if math.isfinite(x)]
+    return max(counted) if counted else math.nan
+
+
 def busiest_rank_memory(rows: list[list[float]]) -> dict[str, float]:
     """Memory of the busiest rank, from every rank's [model state, its classes…, the experts' share,
     activations, peak].
@@ -243,6 +258,7 @@ def _metrics(
     loss: float,
     times: list[float],
     memory_rows: list[list[float]],
+    moe_load: float = math.nan,
 ) -> dict[str, float]:
     warm = times[cfg.proxy.warmup_steps :] or times
     step_time_s = sum(warm) / len(warm)
@@ -256,8 +272,10 @@ def _metrics(
         **busiest_rank_memory(memory_rows),
         "done": float(step == cfg.steps),
     }
-    if cfg.model.moe is None:  # a dense model has no experts' share to report
+    if cfg.model.moe is None:  # a dense model has no experts' share or load to report
         del out["measured_expert_state_bytes_per_rank"]
+    elif math.isfinite(moe_load):
+        out["measured_moe_load"] = moe_load
     out.update(cfg.predicted)
     return out
 
@@ -274,10 +292,13 @@ def _detail(cfg: WorkerConfig, probe: _StateProbe, meter: measure.ActivationMete
     """What rank 0 holds, by source (model state) and by module (saved activations per micro-batch)."""
     micro_batches = cfg.plan.grad_accum
     by_module = sorted(meter.by_module.items(), key=lambda kv: -kv[1])
-    return {
+    out: dict[str, Any] = {
         "model_state_by_source": probe.detail,
         "activation_bytes_by_module_per_micro_batch": {k: v / micro_batches for k, v in by_module},
     }
+    if cfg.model.moe is not None:  # the routed experts' padded load of each metered forward
+        out["moe_load_by_forward"] = moe.forward_loads(probe.engine.module)
+    return out
 
 
 def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | None = None) -> list[float]:
@@ -338,7 +359,8 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
         times.append(time.perf_counter() - t0)
         losses.append(loss)
         rows = _memory_rows(probe, meter, device)
-        metrics: dict[str, Any] = _metrics(cfg, step, loss, times, rows)
+        load = _moe_load(engine) if cfg.model.moe is not None else math.nan
+        metrics: dict[str, Any] = _metrics(cfg, step, loss, times, rows, load)
         if choice.fallback:  # a string among the floats only when there is something to say
             metrics["device_fallback"] = choice.fallback
         every = cfg.finetune.eval_every if cfg.finetune is not None else 0

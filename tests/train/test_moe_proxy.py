@@ -4,8 +4,9 @@ the cost model, and resumed bitwise after an injected failure.
 
 The experiment (tests/train/data/tiny-moe-cpu.yaml): 3 layers, the last two MoE blocks of 4 experts
 (top-2, 96 wide, capacity factor 1.25) with one shared expert 64 wide; 128 tokens per rank per
-micro-batch. Unit tests build the model without a process group (ep 1 needs none; a rank of an ep 2
-model is built as that rank would build it); the slow tests run trials on a local Ray, each plan once.
+micro-batch. Its dropless variant routes over 16 experts (DROPLESS_EXPERTS). Unit tests build the model
+without a process group (ep 1 needs none; a rank of an ep 2 model is built as that rank would build it);
+the slow tests run trials on a local Ray, each plan once.
 """
 
 from __future__ import annotations
@@ -27,10 +28,22 @@ EXPERIMENT = str(Path(__file__).parent / "data" / "tiny-moe-cpu.yaml")
 STEPS = 3  # also the resume test's length: its reference is the ep2-z1 trial
 
 
-def _experiment(workers: int = 2):
+def _experiment(workers: int = 2, router: str = "capacity"):
     exp = load_experiment(EXPERIMENT)
     proxy = exp.proxy.model_copy(update={"steps": STEPS, "warmup_steps": 1, "num_workers": workers})
-    return exp.model_copy(update={"proxy": proxy})
+    exp = exp.model_copy(update={"proxy": proxy})
+    if router == "dropless":  # see DROPLESS_EXPERTS
+        update = {"router": "dropless", "capacity_factor": None, "num_experts": DROPLESS_EXPERTS}
+        routed = exp.model.moe.model_copy(update=update)
+        exp = exp.model_copy(update={"model": exp.model.model_copy(update={"moe": routed})})
+    return exp
+
+
+# The dropless router pads every expert to the busiest one's count (DeepSpeed's drop_tokens=False); over
+# 16 experts the untrained router's busiest takes about 3× the balanced share of a rank's 128 tokens × 2
+# (the 128-expert Qwen3 proxy's took 13.8×); over 4 it is about 1.5×, the default imbalance, and would
+# not tell the two prices apart.
+DROPLESS_EXPERTS = 16
 
 
 def _plan(**fields: int | str) -> Plan:
@@ -38,6 +51,7 @@ def _plan(**fields: int | str) -> Plan:
 
 
 MODEL = proxy_model(_experiment())
+DROPLESS_MODEL = proxy_model(_experiment(router="dropless"))
 EXPERT_PARAMS_PER_RANK_EP2 = MODEL.expert_params // 2  # 2 MoE blocks × 2 of 4 experts × 3·64·96
 
 
@@ -125,6 +139,52 @@ def test_the_balancing_loss_reaches_the_router_with_its_weight():
     torch.testing.assert_close(with_aux, without + 0.5 * aux_grad)
 
 
+@pytest.mark.parametrize("router", ["capacity", "dropless"])
+def test_the_padded_load_is_experts_times_deepspeeds_capacity_over_the_routed_slots(router):
+    """num_experts·C / (k·tokens) per forward, as DeepSpeed's gate chose C: a capacity router's
+    ceil(tokens·k/E · 1.25) = 80 slots of 4 × 80 for 2 × 128 routed, 1.25; a dropless one's the busiest
+    expert's count of the forward (ep 1: no group to take the maximum over), read from `exp_counts`.
+    Forwards outside `counting_slots` are not counted."""
+    model = MODEL if router == "capacity" else DROPLESS_MODEL
+    assert model.moe is not None
+    lm = build_causal_lm(model, seed=7, plan=_plan(ep=1))
+    ids = torch.randint(0, model.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    blocks = moe.moe_blocks(lm)
+    assert moe.padded_load(lm) is None
+    with moe.counting_slots(lm):
+        forward_loss(lm, ids)
+    load = moe.padded_load(lm)
+    forward_loss(lm, ids)
+    assert moe.padded_load(lm) == load
+    experts, k, tokens = model.moe.num_experts, 2, 2 * 64
+    if router == "capacity":
+        assert load == 1.25
+    else:
+        busiest = [int(b.exp_counts.max()) for b in blocks]
+        assert load == pytest.approx(experts * sum(busiest) / (k * tokens * len(blocks)))
+        assert 1.0 < load <= experts / k
+
+
+def test_the_calibration_prices_a_moe_proxy_at_the_load_it_measured():
+    """The run's calibration fits and compares a MoE proxy at its measured `moe_load` (its workload's
+    imbalance), not at the experiment's; a load under 1 cannot be priced and is clipped to 1."""
+    from service.run.calibration import measured_runs, proxy_prediction
+    from service.search.result import TrialRecord
+    from service.spec.params import ModelParams
+
+    exp, plan = _experiment(router="dropless"), _plan(ep=2)
+    measured = {"activation_bytes_per_rank": 4e6, "model_state_bytes_per_rank": 5e6, "moe_load": 3.0}
+    trials = [TrialRecord(trial_id="t", key=plan.short(), plan=plan, status="ok", measured=measured)]
+    (run,) = measured_runs(exp, trials, "test")
+    assert run.workload.moe_load_imbalance == 3.0
+    assert exp.workload.moe_load_imbalance == 1.5
+    activations = {
+        load: proxy_prediction(exp, plan, ModelParams(), load)["activation_bytes_per_rank"]
+        for load in (None, 0.5, 1.0, 3.0)
+    }
+    assert activations[0.5] == activations[1.0] < activations[None] < activations[3.0]
+
+
 def test_expert_parameters_get_optimizer_groups_of_their_own():
     lm = _rank_model(_plan(ep=2), rank=0)
     groups = moe.optimizer_param_groups(lm)
@@ -173,6 +233,8 @@ PLANS = {
     "ep2-z1-full": _plan(ep=2, zero_stage=1, recompute="full"),
     # DeepSpeed's pipeline engine runs ZeRO ≤ 1; 4 workers: dp 2 × pp 2, experts over the 2 ranks of a stage
     "pp2-ep2-z1": _plan(ep=2, pp=2, zero_stage=1),
+    # a dropless router: every expert padded to the busiest one's count over the EP group
+    "dropless-ep2-z1": _plan(ep=2, zero_stage=1),
 }
 
 
@@ -188,7 +250,7 @@ def trial(tmp_path_factory, shared_trials):
 
     def get(name: str):
         plan = PLANS[name]
-        experiment = _experiment(plan.num_gpus)
+        experiment = _experiment(plan.num_gpus, "dropless" if name.startswith("dropless") else "capacity")
         return shared_trials.get(
             experiment,
             plan,
@@ -265,6 +327,39 @@ def test_activation_bytes_match_the_cost_model_within_10_percent(trial, name):
     measured = result.measured["activation_bytes_per_rank"]
     predicted = result.predicted["activation_bytes_per_rank"]
     assert measured == pytest.approx(predicted, rel=0.10), f"measured {measured:.0f}, model {predicted:.0f}"
+
+
+@pytest.mark.slow
+def test_a_dropless_proxy_reports_its_load_and_its_activations_match_the_model_at_it(trial):
+    """DeepSpeed pads every expert to C, the busiest one's count over the EP group: the proxy reports
+    num_experts·ΣC / (k·Σtokens) over the 2 MoE blocks of its busiest metered forward (128 tokens each, so
+    ΣC = load × 2·128·2/16 is a whole number of tokens; the step log has every forward's), and its saved
+    activations are the model's at that load, which `run_proxy` prices it at; at the experiment's
+    imbalance (1.5) they are not (the miss a run's calibration fitted `activation_memory_scale` on)."""
+    from service.train.proxy_scale import predict_proxy
+    from service.train.run import read_log
+
+    result = trial("dropless-ep2-z1")
+    assert result.status == "ok", result.reason
+    load = result.measured["moe_load"]
+    experts, k, tokens, blocks = DROPLESS_EXPERTS, 2, 128, 2
+    assert 1.0 <= load <= experts / k
+    capacity_sum = load * k * tokens * blocks / experts
+    assert capacity_sum == pytest.approx(round(capacity_sum), abs=1e-9)
+    records, _ = read_log(result.run_dir)
+    (forwards,) = [r["detail"]["moe_load_by_forward"] for r in records if "detail" in r]
+    assert len(forwards) == 4 and max(forwards) == load  # 2 metered steps × 2 micro-batches
+    exp = _experiment(router="dropless")
+    at_load = predict_proxy(exp, PLANS["dropless-ep2-z1"], moe_load=load)["activation_bytes_per_rank"]
+    at_default = predict_proxy(exp, PLANS["dropless-ep2-z1"])["activation_bytes_per_rank"]
+    assert result.predicted["activation_bytes_per_rank"] == at_load
+    measured = result.measured["activation_bytes_per_rank"]
+    message = (
+        f"measured {measured:.0f}; model at the measured load {load:.3f}: {at_load:.0f}, "
+        f"at the experiment's 1.5: {at_default:.0f}"
+    )
+    assert measured == pytest.approx(at_load, rel=0.10), message
+    assert measured != pytest.approx(at_default, rel=0.10), message
 
 
 @pytest.mark.slow
