@@ -36,7 +36,7 @@ def test_metric_sets_the_default_direction() -> None:
         (
             {"name": "s", "params": {"tp": [1], "zero": [1]}},
             "params.zero",
-            "unknown field; allowed: cp, grad_accum",
+            "unknown field; allowed: cp, ep, ep_comm_overlap, expert_tp, grad_accum",
         ),
         ({"name": "s", "params": {}}, "params", "empty space"),
         ({"name": "s", "params": {"tp": []}}, "params", "tp has no values"),
