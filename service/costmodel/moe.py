@@ -28,7 +28,8 @@ from service.spec.plan_table import ENGINE_CODES, PlanTable
 ROUTER_BYTES = 4.0
 # HBM passes over the routed tokens outside the expert GEMMs, forward: permute (read, write) and
 # unpermute with the combine weights (read, write) (Megatron-Core moe_utils.py permute / unpermute;
-# torchtitan's generate_permute_indices + index copies; DeepSpeed's einsum dispatch and combine).
+# torchtitan's generate_permute_indices + index copies; DeepSpeed's `_sparse_encode` / `_sparse_decode`
+# gathers into and out of its experts × capacity buffer).
 PERMUTE_PASSES = 4.0
 
 
@@ -60,8 +61,9 @@ def load_factor(model: ModelSpec, p: PlanTable, imbalance: float) -> np.ndarray:
     """Tokens the busiest expert rank processes over the balanced share, per plan.
 
     A capacity router pads every expert to capacity_factor × the balanced share (GShard, Lepikhin et al.
-    2020, §2.2: the dispatch tensor is experts × capacity; DeepSpeed's einsum dispatch sends all of it)
-    and drops the rest. Dropless routing (MegaBlocks, Gale et al. 2022) runs the load as it comes: the
+    2020, §2.2: the dispatch tensor is experts × capacity; DeepSpeed sends all of its buffer) and drops
+    the rest. Dropless routing (MegaBlocks, Gale et al. 2022) runs the load as it comes (DeepSpeed pads
+    every expert to the busiest one's tokens, `topkgating` with drop_tokens=False), so the
     busiest rank holds `imbalance` × its share (Workload.moe_load_imbalance; the default is Wang et al.
     2024, arXiv 2408.15664, Table 2: max/mean expert load 1.52 for the 3B model trained with an
     auxiliary balancing loss). It is applied to the rank as a whole: the published dropless and
