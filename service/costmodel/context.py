@@ -30,7 +30,7 @@ from service.costmodel.types import Num
 from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
-from service.spec.plan_table import ENGINE_CODES
+from service.spec.plan_table import ENGINE_CODES, PlanTable
 
 RING = np.array([engine_rules(e).context_parallel.style == "ring" for e in ENGINE_CODES])
 
@@ -110,3 +110,28 @@ def buffer_bytes(model: ModelSpec, tokens: Num, tp: Num, cp: Num, engine: Num, d
     ring = 2 * kv_chunk_bytes(model, tokens, tp, d)
     ulysses = qkvo_bytes(model, tokens, tp, d)
     return np.where(cp > 1, np.where(is_ring(engine), ring, ulysses), 0.0)
+
+
+def exposed_per_layer_s(
+    model: ModelSpec,
+    p: PlanTable,
+    tokens: Num,
+    d: Num,
+    attention_layer: Num,
+    attention_backward_ratio: float,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
+) -> np.ndarray:
+    """Exposed context-parallel communication of one layer and one micro-batch, forward, backward and
+    a fully recomputed forward: Ulysses all-to-alls, or ring passes hidden behind the attention
+    (`attention_layer` forward, `attention_backward_ratio` × it backward)."""
+    forwards = 1 + (p.recompute == 2)
+    ulysses = ulysses_time_per_layer_s(model, tokens, p.tp, p.cp, d, gpus_per_node, gpu, links) * (
+        forwards + 1
+    )
+    backward = attention_backward_ratio * attention_layer
+    ring = forwards * ring_exposed_per_layer_s(
+        model, tokens, p.tp, p.cp, d, attention_layer, 1, gpus_per_node, gpu, links
+    ) + ring_exposed_per_layer_s(model, tokens, p.tp, p.cp, d, backward, 2, gpus_per_node, gpu, links)
+    return np.where(p.cp > 1, np.where(is_ring(p.engine), ring, ulysses), 0.0)

@@ -3,7 +3,6 @@ once (`estimate_table`), or for one (`estimate`, the same code on a one-row tabl
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +13,6 @@ from service.costmodel import memory as mem
 from service.costmodel import recompute as checkpointing
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
-from service.costmodel.types import Num
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
@@ -144,33 +142,21 @@ def _memory(
         # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
         buffers = buffers + np.where(offload_staging, pb * model.vocab_size * model.hidden_size, 0.0)
-        experts = np.zeros(len(p))
-        moe_saved, moe_peak = np.zeros(len(p)), np.zeros(len(p))
-        if whole.moe is not None:
-            pb_, gb_, ob_ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-            psi_e = moe.expert_params_per_gpu(whole, moe_blocks, p)
-            e_params, e_grads, e_optimizer, e_cpu = moe.expert_state_bytes(psi_e, p, pb_, gb_, ob_)
-            params, grads, optimizer, cpu = (
-                params + e_params,
-                grads + e_grads,
-                optimizer + e_optimizer,
-                cpu + e_cpu,
-            )
-            experts = e_params + e_grads + e_optimizer
-            dispatched = moe.tokens_dispatched(p, workload.seq_len)
-            per_token = moe.activation_bytes_per_token_per_moe_layer(whole, p, d, load)
-            moe_saved = dispatched * per_token * moe_blocks * micro_batches
-            # Full recompute rebuilds one block at a time in backward: its MoE tensors are live then.
-            kept = moe.activation_bytes_per_token_per_moe_layer(
-                whole, dataclasses.replace(p, recompute=np.zeros_like(p.recompute)), d, load
-            )
-            moe_peak = np.where(p.recompute == 2, dispatched * kept, 0.0)
-            buffers = buffers + moe.dispatch_buffer_bytes(whole, p, workload.seq_len, d, load)
+        state_bytes = mem.state_bytes_per_param(p.precision, p.zero_stage)
+        x = moe.stage_memory(whole, p, workload.seq_len, moe_blocks, micro_batches, d, load, state_bytes)
+        params, grads, optimizer, cpu = (
+            params + x.params,
+            grads + x.grads,
+            optimizer + x.optimizer,
+            cpu + x.host,
+        )
+        buffers = buffers + x.buffers
         # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
         # the peak holds one of the two, not both (measured on the proxy, tests/train).
-        peak = np.maximum(recompute_peak + moe_peak - logits, 0.0)
-        activations = tokens * per_layer * layers * micro_batches + moe_saved + peak
+        peak = np.maximum(recompute_peak + x.recompute_peak - logits, 0.0)
+        activations = tokens * per_layer * layers * micro_batches + x.saved + peak
         activations = activation_scale * activations
+        experts = x.params + x.grads + x.optimizer
         stages.append(_Memory(params, grads, optimizer, activations, logits, buffers, cpu, experts))
     return stages[0], stages[1]
 
@@ -247,7 +233,11 @@ def _times(
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
-    experts, experts_a2a = _moe_forward_s(whole, cluster, workload, p, gpu, gemm_peak, gemm_d, net, params)
+    moe_blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]  # the busiest stage's
+    experts, experts_a2a = moe.forward_s(
+        whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, gemm_peak, gemm_d, net,
+        workload.moe_load_imbalance, params["all_to_all_efficiency"],
+    )  # fmt: skip
     fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention
     bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head + 2 * experts
@@ -266,7 +256,10 @@ def _times(
     )
     recompute = np.select([p.recompute == 2, p.recompute == 1], [full_block, selective], 0.0)
 
-    cp_mb = _context_parallel_s(model, cluster, p, tokens, d, attention_layer, params, gpu, net) * layers
+    backward_ratio = params["attention_backward_ratio"]
+    gpn = cluster.gpus_per_node
+    cp_mb = context.exposed_per_layer_s(model, p, tokens, d, attention_layer, backward_ratio, gpn, gpu, net)
+    cp_mb = cp_mb * layers
     # Without overlap (overlap_comm off) a collective costs its whole time: contention 1.
     contention = params["overlap_contention"] if workload.overlap_comm else 1.0
     tp_ar = comm.all_reduce_time_s(
@@ -294,18 +287,11 @@ def _times(
         model, cluster, p, fwd, bwd, gpu, net, contention, workload.zero3_collectives == "per_tensor_lists"
     )
     ga = p.grad_accum
-    if whole.moe is not None:
-        psi_e = moe.expert_params_per_gpu(
-            whole, moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2], p
-        )
-        pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-        sync = moe.expert_gradient_sync_s(psi_e, p, gb, pb, cluster.gpus_per_node, gpu, net)
-        overlapped = workload.overlap_comm | p.comm_overlap
-        dp_comm = dp_comm + np.where(overlapped, comm.overlapped_exposed_s(sync, ga * bwd, contention), sync)
-        shard = psi_e / np.where(p.zero_stage >= 1, moe.expert_data_parallel(p), 1)
-        optimizer_step = optimizer_step + np.where(
-            p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu)
-        )
+    overlapped = workload.overlap_comm | p.comm_overlap
+    expert_dp, expert_step = moe.data_parallel_s(
+        whole, p, moe_blocks, cluster.gpus_per_node, gpu, net, ga * bwd, overlapped, contention
+    )
+    dp_comm, optimizer_step = dp_comm + expert_dp, optimizer_step + expert_step
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
     # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
     overhead = params["step_overhead_s"] + ga * params["microstep_overhead_s"]
@@ -321,54 +307,6 @@ def _times(
         "offload": offload,
         "overhead": np.asarray(overhead, dtype=float),
     }
-
-
-def _moe_forward_s(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    workload: Workload,
-    p: PlanTable,
-    gpu: GPUSpec,
-    gemm_peak: np.ndarray,
-    gemm_d: Num,
-    net: comm.Links,
-    params: ModelParams,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(expert compute, token exchange) of one micro-batch's forward through the stage's MoE blocks
-    (costmodel/moe.py); zeros for a dense model."""
-    if model.moe is None:
-        return np.zeros(len(p)), np.zeros(len(p))
-    load = moe.load_factor(model, p, workload.moe_load_imbalance)
-    s, d = workload.seq_len, mem.activation_bytes_per_element(p.precision)
-    moe_layers = moe.moe_blocks_per_stage(model, p.pp, p.virtual_stages)[2]  # the busiest stage's
-    gemms = moe.expert_gemm_time_forward_s(model, p, s, gpu, gemm_peak, gemm_d, load)
-    router = moe.router_and_permute_time_forward_s(model, p, s, gpu, gemm_peak, d, load)
-    exchange = moe.dispatch_combine_time_s(
-        model, p, s, d, cluster.gpus_per_node, gpu, net, load, params["all_to_all_efficiency"]
-    )
-    return (gemms + router) * moe_layers, exchange * moe_layers
-
-
-def _context_parallel_s(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    p: PlanTable,
-    tokens: Num,
-    d: Num,
-    attention_layer: Num,
-    params: ModelParams,
-    gpu: GPUSpec,
-    net: comm.Links,
-) -> np.ndarray:
-    """Exposed context-parallel communication of one layer and one micro-batch, forward, backward and
-    a fully recomputed forward (see costmodel/context.py: Ulysses all-to-alls, or ring passes)."""
-    gpn, forwards = cluster.gpus_per_node, 1 + (p.recompute == 2)
-    ulysses = context.ulysses_time_per_layer_s(model, tokens, p.tp, p.cp, d, gpn, gpu, net) * (forwards + 1)
-    backward_attention = params["attention_backward_ratio"] * attention_layer
-    ring = forwards * context.ring_exposed_per_layer_s(
-        model, tokens, p.tp, p.cp, d, attention_layer, 1, gpn, gpu, net
-    ) + context.ring_exposed_per_layer_s(model, tokens, p.tp, p.cp, d, backward_attention, 2, gpn, gpu, net)
-    return np.where(p.cp > 1, np.where(context.is_ring(p.engine), ring, ulysses), 0.0)
 
 
 def estimate_table(

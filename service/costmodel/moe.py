@@ -14,9 +14,12 @@ splits the tokens over the TP ranks, DeepSpeed drops the tokens its TP ranks dup
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from service.costmodel import comm, compute
+from service.costmodel import memory as mem
 from service.costmodel.types import Num
 from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
@@ -159,7 +162,8 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     top-k gating keeps fp32 probabilities and one fp32 one-hot mask per chosen expert, E·4·(1 + k), a
     boolean mask and the gate values and indices (12k + 16); a grouped layer the fp32 logits and
     probabilities and a boolean routing map, 9E (Megatron-Core router.py, moe_utils.py). Measured on the
-    DeepSpeed proxy within 0.1 % (tests/train/test_moe_proxy.py). Full recompute keeps none of them."""
+    DeepSpeed proxy within 0.1 % (tests/train/test_moe_proxy.py). Without recompute; full recompute keeps
+    none of them between forward and backward (`stage_memory`)."""
     moe = model.moe
     assert moe is not None
     h, f, k, e = model.hidden_size, moe.expert_ffn_hidden_size, moe.experts_per_token, moe.num_experts
@@ -169,8 +173,7 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     inputs = np.where(deepspeed & (p.ep > 1), 2.0, 1.0)
     per_slot = d * (swiglu * f / p.expert_tp + inputs * h) + np.where(deepspeed, 8.0, 0.0)
     router = np.where(deepspeed, ROUTER_BYTES * e * (1 + k) + e + 12 * k + 16, 9.0 * e)
-    saved = k * load * per_slot + d * k * h + router
-    return np.where(p.recompute == 2, 0.0, saved)
+    return np.asarray(k * load * per_slot + d * k * h + router, dtype=float)
 
 
 def dispatch_buffer_bytes(model: ModelSpec, p: PlanTable, seq_len: int, d: Num, load: Num) -> np.ndarray:
@@ -295,3 +298,98 @@ def expert_gradient_sync_s(
 
 def _engine_field(field: str) -> np.ndarray:
     return np.array([getattr(engine_rules(e), field) for e in ENGINE_CODES])
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """A stage's MoE bytes per GPU, added to the dense view's terms (zeros for a dense model)."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    host: np.ndarray  # offloaded expert states
+    saved: np.ndarray  # activations kept for backward, every micro-batch in flight
+    recompute_peak: np.ndarray  # one fully recomputed block's MoE tensors, live in its backward
+    buffers: np.ndarray  # one block's dispatch and combine buffers
+
+
+def stage_memory(
+    model: ModelSpec,
+    p: PlanTable,
+    seq_len: int,
+    moe_blocks: Num,
+    micro_batches: Num,
+    d: Num,
+    load: Num,
+    state_bytes: tuple[np.ndarray, ...],
+) -> StageMemory:
+    """The MoE terms of a stage holding `moe_blocks` MoE blocks and `micro_batches` in flight;
+    `state_bytes` is (param, grad, optimizer) bytes per parameter (memory.state_bytes_per_param)."""
+    if model.moe is None:
+        zero = np.zeros(len(p))
+        return StageMemory(zero, zero, zero, zero, zero, zero, zero)
+    params, grads, optimizer, host = expert_state_bytes(
+        expert_params_per_gpu(model, moe_blocks, p), p, *state_bytes
+    )
+    tokens = tokens_dispatched(p, seq_len)
+    kept = tokens * activation_bytes_per_token_per_moe_layer(model, p, d, load)
+    full = p.recompute == 2
+    return StageMemory(
+        params=params,
+        grads=grads,
+        optimizer=optimizer,
+        host=host,
+        saved=np.where(full, 0.0, kept * moe_blocks * micro_batches),
+        recompute_peak=np.where(full, kept, 0.0),
+        buffers=dispatch_buffer_bytes(model, p, seq_len, d, load),
+    )
+
+
+def forward_s(
+    model: ModelSpec,
+    p: PlanTable,
+    seq_len: int,
+    moe_blocks: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    gemm_peak: Num,
+    gemm_d: Num,
+    links: comm.Links,
+    imbalance: float,
+    nic_efficiency: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(expert compute, token exchange) of one micro-batch's forward through `moe_blocks` MoE blocks;
+    zeros for a dense model."""
+    if model.moe is None:
+        return np.zeros(len(p)), np.zeros(len(p))
+    load = load_factor(model, p, imbalance)
+    d = mem.activation_bytes_per_element(p.precision)
+    gemms = expert_gemm_time_forward_s(model, p, seq_len, gpu, gemm_peak, gemm_d, load)
+    router = router_and_permute_time_forward_s(model, p, seq_len, gpu, gemm_peak, d, load)
+    exchange = dispatch_combine_time_s(model, p, seq_len, d, gpus_per_node, gpu, links, load, nic_efficiency)
+    return (gemms + router) * moe_blocks, exchange * moe_blocks
+
+
+def data_parallel_s(
+    model: ModelSpec,
+    p: PlanTable,
+    moe_blocks: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
+    window_s: Num,
+    overlapped: Num,
+    contention: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(exposed expert gradient sync, expert optimizer step) of one step for a stage's `moe_blocks`:
+    the sync hides behind `window_s` of backward where the plan overlaps its data-parallel traffic;
+    zeros for a dense model."""
+    if model.moe is None:
+        return np.zeros(len(p)), np.zeros(len(p))
+    psi = expert_params_per_gpu(model, moe_blocks, p)
+    pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    sync = expert_gradient_sync_s(psi, p, gb, pb, gpus_per_node, gpu, links)
+    exposed = np.where(overlapped, comm.overlapped_exposed_s(sync, window_s, contention), sync)
+    shard = psi / np.where(p.zero_stage >= 1, expert_data_parallel(p), 1)
+    step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
+    return np.asarray(exposed, dtype=float), np.asarray(step, dtype=float)
