@@ -17,6 +17,7 @@ Without `-n` (a plain `python -m pytest ...`) the markers do nothing and the tes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,3 +36,16 @@ def stream_of(path: Path) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(stream_of(item.path)))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_ray_left_up() -> Iterator[None]:
+    """Each module leaves no Ray session behind in this process: a later test's `ensure_ray` would
+    connect to it, with whatever actors and placement groups were left in it holding its CPUs, instead
+    of starting its own (module-scoped Ray fixtures tear down before this one)."""
+    yield
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

@@ -142,6 +142,16 @@ def placement_group_created(creator_actor_id: str) -> bool:
     )
 
 
+def kill_actor(actor_id: str) -> None:
+    """Kills the actor `actor_id` (hex) without restarting it. `ray.kill` takes a handle, and the Train
+    controller's handle lives inside `TorchTrainer.fit()`; this is the call `ray.kill` makes with it
+    (ray/_private/worker.py, Ray 2.60)."""
+    import ray
+    from ray._private.worker import global_worker
+
+    global_worker.core_worker.kill_actor(ray.ActorID.from_hex(actor_id), True)  # type: ignore[attr-defined]
+
+
 def remove_placement_groups_of(creator_actor_id: str) -> int:
     """Removes the live placement groups the actor `creator_actor_id` (hex) made, which kills the
     actors placed in them; returns how many."""

@@ -24,6 +24,7 @@ Tune submits the trial):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -141,12 +142,18 @@ def _events(run_dir: Path, since: float) -> list[dict[str, Any]]:
 
 
 def release_workers(run_dir: Path, since: float) -> int:
-    """Removes the placement groups of this attempt's Train controllers (their workers die with them):
-    a run the trial gives up on (hang, unschedulable) frees its CPUs/GPUs now, not when Tune has
-    finished stopping the trial's actor (which can take up to TUNE_FORCE_TRIAL_CLEANUP_S)."""
-    from service.search.stopping import remove_placement_groups_of
+    """Ends this attempt's Train controllers, then removes their placement groups (their workers die
+    with them): a run the trial gives up on (hang, unschedulable) frees its CPUs/GPUs now, not when Tune
+    has finished stopping the trial's actor (which can take up to TUNE_FORCE_TRIAL_CLEANUP_S). The
+    controller goes first: a group removed while its workers start is a start-up failure, which Ray
+    Train retries without limit (FailureConfig.controller_failure_limit = -1), placing a new group."""
+    from service.search.stopping import kill_actor, remove_placement_groups_of
 
     controllers = {str(e["controller"]) for e in _events(run_dir, since) if e.get("event") == REQUESTED_EVENT}
+    for controller in controllers:
+        # gone already (or not this process's): removing its group below still frees the workers
+        with contextlib.suppress(Exception):
+            kill_actor(controller)
     return sum(remove_placement_groups_of(c) for c in controllers)
 
 
