@@ -68,8 +68,12 @@ def summary(result: Any) -> str:
         if result.deepspeed_command and result.deepspeed_command != result.launch_command:
             lines.append(f"  or with your own training script: {result.deepspeed_command}")
     if result.tracking_uri:
-        lines.append(f"MLflow: parent run {result.mlflow_run_id}; open the UI with")
-        lines.append(f"  mlflow ui --backend-store-uri {result.tracking_uri} --host 127.0.0.1 --port 5000")
+        from service.tracking.uri import ui_hint
+
+        lines.append(f"MLflow: parent run {result.mlflow_run_id}; see it with")
+        lines.append(f"  {ui_hint(result.tracking_uri)}")
+    if result.copied_to:
+        lines.append(f"outputs copied to {result.copied_to}")
     lines.append(f"rebuild the memo: python -m service report {result.out_dir}")
     return "\n".join(lines)
 

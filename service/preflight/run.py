@@ -90,6 +90,7 @@ class Preflight:
         keep_checkpoints: bool = False,
         log: TextIO | None = None,
     ):
+        from service.cluster.storage import results_root
         from service.tracking.uri import repo_root
         from service.train.production import ProductionRun
 
@@ -131,7 +132,8 @@ class Preflight:
                 track=track,
                 progress=log is not None,
             )
-        self.out_dir = Path(out_dir or repo_root() / "ray_results" / "preflight" / spec.name).resolve()
+        results = results_root(repo_root() / "ray_results")
+        self.out_dir = Path(out_dir or results / "preflight" / spec.name).resolve()
         self.thresholds: Thresholds = with_overrides(
             default_thresholds(self.experiment, self.plan, self.params), **(overrides or {})
         )

@@ -283,6 +283,7 @@ class RunResult(BaseModel):
     mlflow_run_id: str | None = None
     tracking_uri: str | None = None
     out_dir: str = ""
+    copied_to: str | None = None  # the run folder's copy at $SERVICE_STORAGE_PATH when that is a URI
     search_path: str | None = None
     wall_s: float = 0.0
 

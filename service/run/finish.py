@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from service.cluster import storage
 from service.plans.select import GIB
 from service.report.result import RunResult
 from service.run.decide import Scored
@@ -19,6 +20,7 @@ from service.run.outputs import (
     ray_job_command,
     write_launch_script,
 )
+from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
 
@@ -81,6 +83,40 @@ def risks(result: RunResult) -> list[str]:
             + ", ".join(f"{k} ({v})" for k, v in at_bounds.items())
         )
     return out
+
+
+CLUSTER_FILE = "ray_cluster.yaml"  # the shipped cluster file, at the repository's top
+
+
+def cluster_network(
+    spec: ExperimentSpec, cluster_file: Path | None = None
+) -> tuple[dict[str, str], str | None]:
+    """The inter-node bandwidth the plan is priced at beside what the cluster file delivers per node
+    (service.cluster.network: counted from its EFA interfaces); a risk when the file delivers less.
+    One node, or no cluster file: the assumption row alone."""
+    from service.cluster.network import declared_network
+    from service.tracking.uri import repo_root
+
+    priced_gbps = spec.cluster.gpu.inter_node_bandwidth_gb_per_s * 8 * spec.cluster.gpus_per_node
+    row = {
+        "what": f"inter-node network {priced_gbps:,.0f} Gb/s per node",
+        "source": "GPU catalog, experiment",
+    }
+    path = cluster_file or repo_root() / CLUSTER_FILE
+    if spec.cluster.num_nodes <= 1 or not path.is_file():
+        return row, None
+    try:
+        gbps, _, why = declared_network(path)
+    except SpecError as err:
+        return {**row, "source": f"{row['source']}; {path.name} unreadable: {err}"}, None
+    row = {**row, "source": f"{row['source']}; {path.name} delivers {gbps:,.0f} Gb/s per node: {why}"}
+    if gbps >= priced_gbps:
+        return row, None
+    return row, (
+        f"network: {path.name} delivers {gbps:,.0f} Gb/s per node, below the {priced_gbps:,.0f} Gb/s the "
+        f"plan is priced at; give its GPU nodes their EFA interfaces, or re-plan with "
+        f"cluster.inter_node_bandwidth_gb_per_s: {gbps / 8 / spec.cluster.gpus_per_node:g}"
+    )
 
 
 def _plan_b(result: RunResult) -> str:
@@ -176,14 +212,27 @@ def finish(
             ds_config=ds, ds_config_path=str(ds_path), launch_command=command, deepspeed_command=deepspeed
         )
     result = result.model_copy(update=updates)
-    result = result.model_copy(update={"risks": risks(result), "assumptions": assumptions(result, spec)})
+    network, network_risk = cluster_network(spec)
+    result = result.model_copy(
+        update={
+            "risks": risks(result) + ([network_risk] if network_risk else []),
+            "assumptions": [*assumptions(result, spec), network],
+        }
+    )
     key = f"search:{search_name}" if search_name else f"run:{spec.name}:{int(started)}"
     tracker, run_id, uri = open_parent_run(spec, key, search_name or f"run-{spec.name}")
     result = result.model_copy(update={"mlflow_run_id": run_id, "tracking_uri": uri})
     memo = write_memo(result, folder)
     paths = {k: str(v) for k, v in memo.items() if k in ("markdown", "html")}
-    result = result.model_copy(update={"memo_paths": paths, "wall_s": time.time() - started})
+    # A remote $SERVICE_STORAGE_PATH (s3://...) gets a copy of the finished folder: the result says where.
+    remote = storage.remote_root()
+    copied_to = f"{remote}/run/{folder.name}" if remote else None
+    result = result.model_copy(
+        update={"memo_paths": paths, "wall_s": time.time() - started, "copied_to": copied_to}
+    )
     result.save(folder / RESULT_FILE)
     files = [folder / "ds_config.json", folder / "launch.sh", *memo.values(), folder / RESULT_FILE]
     log_outputs(tracker, key, result.to_json(), files)
+    if remote:
+        storage.publish(folder, "run", folder.name, remote)
     return result

@@ -46,9 +46,12 @@ DEFAULT_MAX_PROXIES = 4
 
 
 def default_out_dir(experiment: ExperimentSpec) -> Path:
-    """ray_results/run/<name> under the repository; a name that would leave that folder is refused
-    (the spec refuses such names already; `model_construct` skips the spec's check)."""
-    root = (repo_root() / "ray_results" / "run").resolve()
+    """`run/<name>` under the results folder ($SERVICE_STORAGE_PATH on a cluster, else the repository's
+    ray_results; see service.cluster.storage); a name that would leave that folder is refused (the spec
+    refuses such names already; `model_construct` skips the spec's check)."""
+    from service.cluster.storage import results_root
+
+    root = (results_root(repo_root() / "ray_results") / "run").resolve()
     out = (root / experiment.name).resolve()
     if out.parent != root:
         raise SpecError("name", f"{experiment.name!r} is not a plain folder name; it would leave {root}")
@@ -97,7 +100,8 @@ class Run:
         experiment: an `ExperimentSpec` or the path of its YAML.
         params: the cost model's parameter set (a `ModelParams` or a YAML path); None = the shipped one.
         storage_path: the run's folder (memo, configs, the proxy search); a folder holding a killed
-            run's search continues it. Default: `<repo>/ray_results/run/<experiment>`.
+            run's search continues it. Default: `run/<experiment>` under $SERVICE_STORAGE_PATH, else under
+            `<repo>/ray_results`.
         max_proxies: most proxy plans to run (each a Ray Train trial).
         proxy_steps: optimizer steps per proxy (default: the proxy spec's).
         device: "cpu" or "cuda" for the proxies (default: cuda when a GPU is here).

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
 
+from service.cluster.storage import results_root
 from service.search.collect import collect_trials
 from service.search.config import RunConfig, SearchConfig
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
@@ -121,7 +122,7 @@ class Search:
         self.progress = run.progress
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.name = run.name or f"{self.experiment.name}-{self.space.name}-{self.algorithm}-{stamp}"
-        default_storage = os.environ.get(RESULTS_ENV) or repo_root() / "ray_results" / "search"
+        default_storage = os.environ.get(RESULTS_ENV) or results_root(repo_root() / "ray_results") / "search"
         self.storage_path = Path(run.storage_path or default_storage).resolve()
         self.target: TrackingTarget = resolve(self.experiment.tracking, self.experiment.name)
         self._pruning: PruneResult | None = None

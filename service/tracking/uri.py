@@ -32,6 +32,15 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
 
 
+def ui_hint(uri: str) -> str:
+    """How to see a store's runs: a server's own URL (it serves the UI; on a cluster, through a tunnel
+    to the head), else the `mlflow ui` command that serves a database or folder store on this machine.
+    `mlflow ui --backend-store-uri http://...` fails ("unsupported URI"), so a server never gets it."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri.rstrip('/')} (the MLflow server's UI; on a cluster, tunnel to the head first)"
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+
+
 @dataclass(frozen=True)
 class TrackingTarget:
     """A resolved store: URI, MLflow experiment, artifact root for new experiments, and pending-record dir."""

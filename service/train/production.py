@@ -13,8 +13,9 @@ progress.
 
 By default the model starts from random initialisation on the proxy section's data. With `weights` (a
 local Hugging Face checkpoint folder) it fine-tunes that checkpoint instead (service/train/weights.py:
-pp = tp = 1 plans, ZeRO 0-3, partitioned at load under ZeRO-3), on `data` (local JSON-lines, Parquet or
-Arrow files, tokenised with the checkpoint's tokenizer and packed by the driver before the workers start:
+plans with cp = 1: ZeRO 0-3, partitioned at load under ZeRO-3; tp and pp ranks read their own slices),
+on `data` (local JSON-lines, Parquet or Arrow files, tokenised with the checkpoint's tokenizer and packed by
+the driver before the workers start:
 service/train/hf_data.py), with an evaluation loss every `eval_every` steps and at the end, and writes the
 trained weights in Hugging Face format to `<storage>/<run_name>/hf_model/` (logged to MLflow as an
 artifact when small). The MLflow run's `init` tag says which: `random` or the checkpoint folder.
@@ -26,7 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -196,7 +196,7 @@ class ProductionRun:
         progress: one progress line on stderr.
         inject_failure_at_step: test hook: kill one worker once at this step.
         weights: a local Hugging Face checkpoint folder to fine-tune (default: random initialisation);
-            its config must match the experiment's model; plans with tp = pp = cp = 1 only.
+            its config must match the experiment's model; plans with cp = 1 only.
         data: with `weights`, local JSON-lines / Parquet / Arrow file(s) (a path, glob, folder or
             comma-separated list) with a `text_field` or prompt/completion pairs (default: proxy.data).
         text_field: the field holding the text (when the data has no prompt/completion pairs).
@@ -223,7 +223,6 @@ class ProductionRun:
         eval_fraction: float = 0.05,
         eval_every: int | None = None,
     ):
-        from service.tracking.uri import repo_root
 
         spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
         self.experiment = full_scale(spec)
@@ -231,8 +230,7 @@ class ProductionRun:
         if steps is not None and steps <= 0:
             raise SpecError("--steps", f"must be positive, got {steps}")
         self.steps = steps or self._workload_steps()
-        default = os.environ.get(STORAGE_ENV) or repo_root() / "ray_results"
-        self.storage_path = Path(storage_path or Path(default) / "production").resolve()
+        self.storage_path = Path(storage_path or self._default_storage() / "production").resolve()
         self.run_name = run_name or f"{spec.name}-{self.plan.short().replace(':', '_')}"
         self.checkpoint_every = (
             checkpoint_every or self.experiment.proxy.checkpoint_every or self._young_daly_steps()
@@ -311,6 +309,13 @@ class ProductionRun:
         ckpt = checkpoint_bytes(spec.model, self.plan.precision)
         hours = spec.goodput.young_daly_hours(self.plan.num_gpus, ckpt)
         return max(1, min(self.steps, int(hours * 3600.0 // max(step_s, 1e-9))))
+
+    @staticmethod
+    def _default_storage() -> Path:
+        from service.cluster.storage import folder_root
+        from service.tracking.uri import repo_root
+
+        return folder_root(repo_root() / "ray_results", "train")
 
     def _workload_steps(self) -> int:
         return max(1, int(self.experiment.workload.steps_to_train))  # as the shipped config's schedule

@@ -124,6 +124,32 @@ def test_search_job_records_land_in_the_mlflow_server(cluster: LocalCluster, tmp
 
 
 @pytest.mark.slow
+def test_run_job_writes_its_memo_to_the_storage_path_and_to_mlflow(cluster: LocalCluster, tmp_path: Path):
+    """The main job (on the prior alone: no proxies) as a job: its memo, DeepSpeed config and launch
+    script land in SERVICE_STORAGE_PATH and as artifacts of the MLflow server, the paths it prints are
+    those, and none of it is in the job's temporary copy of the working dir."""
+    from service.tracking.server import mlflow_server
+
+    shared, artifacts = tmp_path / "shared", tmp_path / "artifacts"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with mlflow_server(store, artifacts_destination=artifacts, log_path=tmp_path / "mlflow.log") as url:
+        env = {"MLFLOW_TRACKING_URI": url, "SERVICE_STORAGE_PATH": str(shared)}
+        command = ["python", "-m", "service", "run", "experiments/llama2-13b-32xh100.yaml", "--no-proxies"]
+        job = submit_job(cluster.dashboard_url, command, working_dir=ROOT, env=env, token=cluster.token)
+        outcome = wait_for_job(job, timeout_s=300)
+    assert outcome.status == "SUCCEEDED", outcome.logs[-3000:]
+    memo_line = next(ln for ln in outcome.logs.splitlines() if ln.startswith("memo: "))
+    printed = Path(memo_line.removeprefix("memo: ").split(" (and ")[0])
+    folder = shared / "run" / "llama2-13b-32xh100"
+    assert printed == folder / "memo.html" and printed.is_file()
+    assert (folder / "ds_config.json").is_file() and (folder / "launch.sh").is_file()
+    assert f"DeepSpeed config: {folder / 'ds_config.json'}" in outcome.logs
+    assert f"open {url}" in outcome.logs  # the server's own URL, not `mlflow ui --backend-store-uri http://`
+    assert {p.name for p in artifacts.rglob("memo.*")} == {"memo.html", "memo.md"}
+    assert not list(cluster.temp_dir.rglob("working_dir_files/**/memo.html"))
+
+
+@pytest.mark.slow
 def test_missing_experiment_fails_in_one_line(cluster: LocalCluster):
     before = _service_cli(cluster.env, "submit", "--address", cluster.dashboard_url, "--",
                           "python", "-m", "service", "plan", "experiments/missing.yaml")  # fmt: skip
