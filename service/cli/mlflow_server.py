@@ -2,16 +2,20 @@
 [--artifacts-destination URI] [--no-serve-artifacts]`
 
 Runs MLflow's tracking server for drivers on this machine (on a cluster: the head) and for the UI
-through a tunnel. The store is sqlite under the repo unless told (`postgresql://user@host/db` for a
-store shared by several heads); artifacts are proxied by the server (`mlflow-artifacts:/`), so a
-client needs the server's URL and nothing else. It binds 127.0.0.1 unless given a private address;
-it refuses to listen on every interface. Prints the URI to export as MLFLOW_TRACKING_URI, then serves
-until Ctrl-C or SIGTERM (which stop the server it started).
+through a tunnel. The store is sqlite under the repo unless told; for a store shared by several heads,
+PostgreSQL: `postgresql://USER@HOST:5432/DB`, read as `postgresql+psycopg://...` (psycopg 3, the dev
+extras' driver; MLflow's default for a plain `postgresql://` would be psycopg2). The password is best
+left to libpq (PGPASSWORD or ~/.pgpass) rather than written in the URI, where `ps` shows it; a password
+in the URI is masked in what this command prints. Artifacts are proxied by the server
+(`mlflow-artifacts:/`), so a client needs the server's URL and nothing else. It binds 127.0.0.1 unless
+given a private address; it refuses to listen on every interface. Prints the URI to export as
+MLFLOW_TRACKING_URI, then serves until Ctrl-C or SIGTERM (which stop the server it started).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import ipaddress
 import signal
 import sys
@@ -29,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend-store-uri",
         default=default_uri(),
-        help="sqlite:///PATH or postgresql://... (default: %(default)s)",
+        help="sqlite:///PATH, or PostgreSQL: postgresql://USER@HOST:5432/DB (driver: psycopg 3; "
+        "password from PGPASSWORD or ~/.pgpass, off the command line) (default: %(default)s)",
     )
     parser.add_argument(
         "--artifacts-destination",
@@ -61,6 +66,57 @@ def check_host(host: str) -> None:
         )
 
 
+# The URI forms of PostgreSQL that name no driver; SQLAlchemy would pick psycopg2 for them.
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def store_uri(uri: str) -> str:
+    """`uri` with psycopg (3) as the driver where it is PostgreSQL's and names none; others unchanged.
+
+    >>> store_uri("postgresql://mlflow@10.0.0.5:5432/mlflow")
+    'postgresql+psycopg://mlflow@10.0.0.5:5432/mlflow'
+    >>> store_uri("postgresql+psycopg2://mlflow@10.0.0.5/mlflow")
+    'postgresql+psycopg2://mlflow@10.0.0.5/mlflow'
+    >>> store_uri("sqlite:///mlflow.db")
+    'sqlite:///mlflow.db'
+    """
+    for scheme in _POSTGRES_SCHEMES:
+        if uri.startswith(scheme):
+            return "postgresql+psycopg://" + uri.removeprefix(scheme)
+    return uri
+
+
+def check_driver(uri: str) -> None:
+    """A PostgreSQL store's driver is importable here; else one line now, not a traceback from the server."""
+    scheme = uri.split("://", 1)[0]
+    if not scheme.startswith("postgresql+"):
+        return
+    driver = scheme.removeprefix("postgresql+")
+    if not _importable(driver):  # SQLAlchemy's driver names are their modules' names
+        install = "'psycopg[binary]'" if driver == "psycopg" else driver
+        raise SpecError(
+            "--backend-store-uri", f"PostgreSQL through {driver} needs its package: pip install {install}"
+        )
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a dotted name whose parent is missing, or an empty one
+        return False
+
+
+def shown(uri: str) -> str:
+    """`uri` with any password masked, for printing."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(uri).render_as_string(hide_password=True)
+    except ArgumentError:  # not a database URL (a file store's path): nothing to mask
+        return uri
+
+
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # runs the server's clean-up, as Ctrl-C does
 
@@ -71,18 +127,20 @@ def run(args: argparse.Namespace) -> int:
     check_host(args.host)
     if not 0 < args.port < 65536:
         raise SpecError("--port", f"must be 1-65535, got {args.port}")
+    store = store_uri(args.backend_store_uri)
+    check_driver(store)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     artifacts = args.artifacts_destination if args.serve_artifacts else None
     try:
         with mlflow_server(
-            args.backend_store_uri,
+            store,
             args.port,
             artifacts,
             host=args.host,
             serve_artifacts=args.serve_artifacts,
         ) as url:
             where = f"artifacts proxied to {artifacts}" if artifacts else "artifacts not served"
-            print(f"MLflow server on {url} (store {args.backend_store_uri}; {where}); Ctrl-C to stop")
+            print(f"MLflow server on {url} (store {shown(store)}; {where}); Ctrl-C to stop")
             print(f"export MLFLOW_TRACKING_URI={url}", flush=True)
             while True:
                 time.sleep(3600)

@@ -69,8 +69,6 @@ def mlflow_server(
         str(port),
         "--workers",
         "1",
-        "--backend-store-uri",
-        backend_store_uri,
     ]
     cmd.append("--serve-artifacts" if serve_artifacts else "--no-serve-artifacts")
     if artifacts_destination is not None and serve_artifacts:
@@ -78,7 +76,13 @@ def mlflow_server(
     log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     # MLflow 3's server also starts a job runner (scheduled scoring, trace archival) on the same store;
     # we use none of it, and with it and a sqlite store, searches run as jobs were seen to stall for minutes.
-    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+    # The store reaches the server through its environment (`mlflow server` reads
+    # MLFLOW_BACKEND_STORE_URI), not its command line, where `ps` would show a password in the URI.
+    env = {
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+        **os.environ,
+        "MLFLOW_BACKEND_STORE_URI": backend_store_uri,
+    }
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         _wait_healthy(url, proc, timeout_s)
