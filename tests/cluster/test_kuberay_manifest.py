@@ -1,7 +1,9 @@
 """deploy/kuberay/rayjob.yaml: valid against the RayJob CRD's OpenAPI schema (KubeRay v1.7.0, vendored
 in tests/cluster/data/ since no PyPI package ships it), with no field the schema does not know (the
 API server would drop it silently), the same layout as ray_cluster.yaml, and the security points:
-token auth, ClusterIP only, ingress denied from outside the cluster, MLflow on the pod's loopback."""
+token auth, ClusterIP only, ingress denied from outside the cluster, MLflow on the pod's loopback. The
+8-GPU pods get their node's 32 EFA devices; the operator is let in wherever its Helm release lives;
+the EFS StorageClass and the pods' fsGroup let the image's user write the shared volume."""
 
 from __future__ import annotations
 
@@ -122,7 +124,8 @@ def test_security_points():
 
 def test_referenced_files_and_commands_exist():
     assert missing_paths(TEXT) == []
-    assert "deploy/kuberay/Dockerfile" in TEXT and unknown_commands(TEXT) == []
+    assert "deploy/Dockerfile" in TEXT and (ROOT / "deploy/Dockerfile").is_file()  # the image of both files
+    assert unknown_commands(TEXT) == []
     in_image = re.findall(r"/home/ray/planner/(\S+)", TEXT)  # the checkout, copied by the Dockerfile
     assert "experiments/llama2-13b-32xh100.yaml" in in_image
     assert [p for p in in_image if not (ROOT / p).exists()] == []
@@ -130,3 +133,48 @@ def test_referenced_files_and_commands_exist():
     mlflow = next(c for c in head if c["name"] == "mlflow")
     assert mlflow["command"][:3] == ["python", "-m", "service"]
     assert unknown_commands(f"python -m service {mlflow['command'][3]}") == []
+
+
+def _groups() -> dict[str, Any]:
+    return {g["groupName"]: g for g in CLUSTER["workerGroupSpecs"]}
+
+
+def _templates() -> list[dict[str, Any]]:
+    return [CLUSTER["headGroupSpec"]["template"]] + [g["template"] for g in CLUSTER["workerGroupSpecs"]]
+
+
+def test_8_gpu_pods_request_their_nodes_32_efa_devices():
+    # The AWS EFA device plugin's resource; EFA is 3,200 Gb/s per p5.48xlarge only with all 32.
+    big = _groups()["gpu-8xh100"]["template"]["spec"]["containers"][0]["resources"]
+    assert big["requests"]["vpc.amazonaws.com/efa"] == big["limits"]["vpc.amazonaws.com/efa"] == "32"
+    small = _groups()["gpu-1xh100"]["template"]["spec"]["containers"][0]["resources"]
+    assert "vpc.amazonaws.com/efa" not in small["limits"]  # single-node proxies: no inter-node traffic
+
+    from service.cluster.network import declared_network
+
+    gbps, efa, _ = declared_network(ROOT / "deploy/kuberay/rayjob.yaml")
+    assert (gbps, efa) == (3200.0, True)
+
+
+def test_the_operator_is_let_in_from_its_helm_releases_namespace():
+    assert "kuberay-system" not in TEXT  # no namespace assumed
+    (rule,) = CLUSTER["networkPolicy"]["head"]["ingressRules"]
+    (peer,) = rule["from"]
+    # Any namespace, but only the pods the kuberay-operator chart labels (its Deployment's pod labels).
+    operator = {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}
+    assert peer == {"namespaceSelector": {}, "podSelector": operator}
+    assert rule["ports"] == [{"port": 8265, "protocol": "TCP"}]
+
+
+def test_efs_storage_class_and_write_permission_for_the_images_user():
+    storage = next(d for d in DOCS if d["kind"] == "StorageClass")
+    claim = next(d for d in DOCS if d["kind"] == "PersistentVolumeClaim")
+    assert storage["metadata"]["name"] == claim["spec"]["storageClassName"] == "efs-sc"
+    assert storage["provisioner"] == "efs.csi.aws.com" and storage["reclaimPolicy"] == "Retain"
+    parameters = storage["parameters"]
+    assert parameters["provisioningMode"] == "efs-ap" and parameters["fileSystemId"].startswith("fs-")
+    # The access point's user is the image's (`ray`: uid 1000, gid 100, deploy/Dockerfile), group-writable.
+    assert (parameters["uid"], parameters["gid"]) == ("1000", "100")
+    assert parameters["directoryPerms"][1] == "7"
+    for template in _templates():
+        assert template["spec"]["securityContext"]["fsGroup"] == 100
