@@ -11,8 +11,9 @@ goodput section). It trains the experiment's model from random initialisation on
 `data` (seeded synthetic tokens by default, or a file of token ids): it proves the layout, memory and
 speed at full scale. With `--weights CKPT` (a local Hugging Face checkpoint folder whose config.json
 matches the experiment's model, with its tokenizer) it fine-tunes those weights instead (plans with
-tp = pp = 1; ZeRO-3 partitions them at load), on `--data` (local JSON-lines, Parquet or Arrow files with
-a `text` field or prompt/completion pairs, the loss on the completion only), holding out
+cp = 1; ZeRO-3 partitions them at load, tp and pp ranks read only their slices and layers), on
+`--data` (local JSON-lines, Parquet or Arrow files with a `text` field or prompt/completion pairs, the loss
+on the completion only), holding out
 `--eval-fraction` of the packed sequences for an evaluation loss every `--eval-every` steps and at the
 end, and writes the trained weights in Hugging Face format to <storage>/<run>/hf_model/. The MLflow
 run's `init` tag is `random` or the checkpoint folder. The driver logs every

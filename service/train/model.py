@@ -278,9 +278,11 @@ def build_model(
     """The proxy model of `plan` as stages, and the DeepSpeed `mpu` that names its groups (tp > 1 or pp > 1;
     None for a `PipelineModule`, whose engine reads them from the module).
 
-    With `weights` (a local Hugging Face checkpoint; tp > 1, pp = 1, cp = 1 only) the tensor-parallel
-    model is the checkpoint's, each rank reading only its slices (`weights.load_tensor_parallel`), and
-    the stack keeps the LlamaForCausalLM (`hf_model`) for the export.
+    With `weights` (a local Hugging Face checkpoint; tp > 1 or pp > 1, cp = 1) the model is the
+    checkpoint's, each rank reading only its slices (`weights.load_tensor_parallel`) or, with pp > 1, only
+    its stage's layers (`weights_pp.PipelineCheckpoint`: the stages are `LayerSpec`s that the
+    `PipelineModule` builds and fills where they run), and the stack or pipeline keeps the
+    LlamaForCausalLM (`hf_model`) for the export.
 
     The full model is built on every rank with the same seed (so the weights equal a tp = pp = 1 run's);
     each TP rank keeps its slices (`apply_tensor_parallel`) and, with pp > 1, each stage its own layers
@@ -298,14 +300,24 @@ def build_model(
         raise ValueError(
             "pipeline or tensor-parallel proxies of models with tied embeddings are not supported"
         )
-    if weights is not None and (plan.tp == 1 or plan.pp > 1 or plan.cp > 1):
-        raise ValueError(f"weights load into tensor-parallel stacks with pp = cp = 1, not {plan.short()}")
+    if weights is not None and ((plan.tp == 1 and plan.pp == 1) or plan.cp > 1):
+        raise ValueError(
+            f"weights load into tensor- or pipeline-parallel stages with cp = 1, not {plan.short()}"
+        )
     if plan.cp > 1:
         return _build_context_parallel(spec, seed, plan, dtype)
     topology = PipeModelDataParallelTopology(num_pp=plan.pp, num_mp=plan.tp, num_dp=plan.dp)
     grid = PipelineParallelGrid(topology=topology)
     sp_group = grid.get_slice_parallel_group() if plan.tp > 1 and plan.sequence_parallel else None
-    if weights is not None:  # the checkpoint's slices, already tensor-parallel
+    stage: Any = _built_here
+    if weights is not None and plan.pp > 1:  # a meta model; each stage read where the pipeline builds it
+        from service.train.weights_pp import PipelineCheckpoint
+
+        source = PipelineCheckpoint(weights, dtype)
+        lm, stage = source.lm, source.spec
+        if plan.tp > 1:
+            apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
+    elif weights is not None:  # the checkpoint's slices, already tensor-parallel
         from service.train.weights import load_tensor_parallel
 
         lm = load_tensor_parallel(weights, grid.get_slice_parallel_group(), plan.sequence_parallel, dtype)
@@ -316,7 +328,8 @@ def build_model(
     if plan.recompute == "selective":
         apply_recompute(lm, "selective")
     shards = plan.tp if sp_group is not None else 1
-    stages = [_Embed(lm, sp_group), *(_Layer(lm, i, shards) for i in range(spec.num_layers)), _Head(lm)]
+    layers = (stage(_Layer, lm, i, shards) for i in range(spec.num_layers))
+    stages = [stage(_Embed, lm, sp_group), *layers, stage(_Head, lm)]
     if plan.pp == 1:
         hf_model = lm if weights is not None else None
         return _Stack(stages, recompute_full=plan.recompute == "full", hf_model=hf_model), grid
@@ -330,7 +343,14 @@ def build_model(
         checkpointable_layers=["_Layer"],
         seed_layers=False,
     )
+    if weights is not None:  # outside the module tree, as `_Stack.hf_model`
+        pipeline.__dict__["hf_model"] = lm
     return pipeline, None  # DeepSpeed takes a PipelineModule's groups from the module itself
+
+
+def _built_here(typename: type, *args: Any) -> torch.nn.Module:
+    """A stage made now, on every rank (`PipelineModule` keeps the ones of its own stage)."""
+    return typename(*args)  # type: ignore[no-any-return]
 
 
 def _build_context_parallel(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> tuple[Any, Any]:

@@ -1,8 +1,9 @@
 """Fine-tuning the user's own weights: a local Hugging Face checkpoint folder in, the trained weights out.
 
-- `check_layout` / `check_checkpoint`: refused in one line before anything starts (a pipeline- or
-  context-parallel plan; a missing folder, config.json, weights file or tokenizer; a config that does
-  not match the experiment's model; a sequence length beyond the checkpoint's positions).
+- `check_layout` / `check_checkpoint`: refused in one line before anything starts (a context-parallel
+  plan; a tied embedding under tp > 1 or pp > 1; a MoE model; a missing folder, config.json, weights
+  file or tokenizer; a config that does not match the experiment's model; a sequence length beyond the
+  checkpoint's positions).
 - `load_causal_lm` (on every worker): `AutoModelForCausalLM.from_pretrained` for the plan's layout. Under
   ZeRO-3 it goes through DeepSpeed's own path for Hugging Face models: a `HfDeepSpeedConfig` (or, where
   `accelerate` is absent, an object with the same two methods transformers reads) is registered and kept
@@ -15,10 +16,15 @@
   `safe_open(...).get_slice`: its rows of the column-parallel weights (q/k/v, gate/up, lm_head: the
   output dimension) and its columns of the row-parallel ones (o_proj, down_proj: the input dimension);
   the embedding, the norms (and a row-parallel layer's bias) whole, as the service's TP layers hold them.
+- pp > 1 (with or without tp; service/train/weights_pp.py): the same meta model cut into stages that the
+  `PipelineModule` builds only where they run, each reading only its own layers (and with tp > 1 its
+  slices): the embedding on the first stage, the decoder layers of the module's partition, the final
+  norm and lm_head on the last.
 - `export_hf` (on every worker, after the last step): the trained weights gathered one parameter at a
   time onto rank 0 (`deepspeed.zero.GatheredParameters`; a no-op below ZeRO-3; with tensor parallelism
   each sharded parameter all-gathered over its TP group along the dimension it was split on and named as
-  in the checkpoint, `tensor_parallel_state_dict`) in the dtype the engine
+  in the checkpoint, `tensor_parallel_state_dict`; with pp > 1 every stage's gathered onto global rank 0,
+  `weights_pp.pipeline_state_dict`) in the dtype the engine
   computes in (bf16/fp16 plans: 16-bit, as DeepSpeed's `save_16bit_model` writes; an fp32 CPU run: fp32),
   written by `save_pretrained` with the checkpoint's tokenizer into a temporary folder renamed into place,
   so `hf_model/` is either complete or absent.
@@ -67,26 +73,27 @@ class FineTune(BaseModel):
 
 
 def check_layout(plan: Plan, model: ModelSpec | None = None) -> None:
-    """Weights load into data-parallel (ZeRO 0-3) and tensor-parallel layouts; not yet into pipeline
-    stages or context-parallel ones, nor a tied embedding into tensor-parallel ones, nor a MoE model's
-    experts into DeepSpeed's MoE layers (the loaders read Llama checkpoints)."""
+    """Weights load into data-parallel (ZeRO 0-3), tensor-parallel and pipeline-parallel layouts; not yet
+    into context-parallel ones, nor a tied embedding into tensor- or pipeline-parallel ones, nor a MoE
+    model's experts into DeepSpeed's MoE layers (the loaders read Llama checkpoints)."""
     if model is not None and model.moe is not None:
         raise SpecError(
             "--weights",
             "loading a mixture-of-experts checkpoint (model.moe) into the proxy's DeepSpeed MoE layers is "
             "not supported yet; the weights loaders read dense Llama checkpoints",
         )
-    if model is not None and model.tie_word_embeddings and plan.tp > 1:
+    if model is not None and model.tie_word_embeddings and (plan.tp > 1 or plan.pp > 1):
         raise SpecError(
             "--weights",
-            f"the model ties its embeddings (model.tie_word_embeddings), which the tensor-parallel layers "
-            f"do not split (plan {plan.short()} has tp={plan.tp}); pick a plan with tp=1",
+            f"the model ties its embeddings (model.tie_word_embeddings), which the tensor-parallel layers do "
+            f"not split nor the pipeline stages share (plan {plan.short()} has tp={plan.tp}, pp={plan.pp}); "
+            "pick a plan with tp=1 and pp=1",
         )
-    if plan.pp > 1 or plan.cp > 1:
+    if plan.cp > 1:
         raise SpecError(
             "--weights",
-            f"loading weights into pipeline/context-parallel layouts is not supported yet (plan "
-            f"{plan.short()} has pp={plan.pp}, cp={plan.cp}); pick a plan with pp=1, cp=1",
+            f"loading weights into context-parallel layouts is not supported yet (plan {plan.short()} has "
+            f"cp={plan.cp}); pick a plan with cp=1",
         )
 
 
@@ -373,12 +380,18 @@ def export_hf(engine: Any, finetune: FineTune, rank: int, probe: torch.Tensor | 
     import torch.distributed as dist
 
     module = engine.module
-    logits = probe_logits(module, probe.to(engine.device)) if probe is not None else None
-    lm = getattr(module, "hf_model", None)  # the tensor-parallel stack's LlamaForCausalLM (model.py)
-    if lm is not None:
-        state = tensor_parallel_state_dict(lm, rank)
+    lm = getattr(module, "hf_model", None)  # the TP stack's or the pipeline's LlamaForCausalLM (model.py)
+    if lm is not None and getattr(engine, "is_pipe_parallel", False):
+        from service.train.weights_pp import pipeline_logits, pipeline_state_dict
+
+        logits = pipeline_logits(engine, probe) if probe is not None else None
+        state = pipeline_state_dict(module, rank)
     else:
-        lm, state = module, gathered_state_dict(module, rank)
+        logits = probe_logits(module, probe.to(engine.device)) if probe is not None else None
+        if lm is not None:
+            state = tensor_parallel_state_dict(lm, rank)
+        else:
+            lm, state = module, gathered_state_dict(module, rank)
     if rank == 0:
         from transformers import AutoTokenizer
 

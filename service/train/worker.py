@@ -31,6 +31,7 @@ from service.train.ds_config import deepspeed_config
 from service.train.model import apply_recompute, build_causal_lm, build_model, forward_loss
 from service.train.startup import import_deepspeed
 from service.train.weights import FineTune, export_hf, load_causal_lm
+from service.train.weights_pp import evaluate_pipeline, pipeline_micro_batches
 
 FAILURE_MARKER = "injected_failure.done"
 LOG_FILE = "proxy_log.jsonl"
@@ -72,7 +73,7 @@ def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str
     dtype = torch.float16 if ds_config["fp16"]["enabled"] else dtype
     mpu = None
     if cfg.plan.pp > 1 or cfg.plan.tp > 1 or cfg.plan.cp > 1:
-        weights = cfg.finetune.weights if cfg.finetune is not None else None  # tp > 1 only (check_layout)
+        weights = cfg.finetune.weights if cfg.finetune is not None else None  # cp = 1 only (check_layout)
         model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype, weights)
     elif cfg.finetune is not None:  # the user's checkpoint (partitioned at load under ZeRO-3)
         model = load_causal_lm(cfg.finetune.weights, ds_config, dtype)
@@ -116,7 +117,7 @@ def _train_step(
             if cfg.model.moe is not None:  # the experts' load on the steps whose activations are counted
                 metering.enter_context(moe.counting_slots(engine.module))
         if cfg.plan.pp > 1:
-            return float(engine.train_batch(data_iter=loader))
+            return float(engine.train_batch(data_iter=pipeline_micro_batches(loader)))
         total = 0.0
         for _ in range(cfg.plan.grad_accum):
             batch = loader.next_micro_batch().to(engine.device)
@@ -365,7 +366,8 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
             metrics["device_fallback"] = choice.fallback
         every = cfg.finetune.eval_every if cfg.finetune is not None else 0
         if held_out is not None and (step == cfg.steps or (every and step % every == 0)):
-            metrics["eval_loss"] = hf_data.evaluate(engine, held_out, dp_rank, dp_size, cfg.plan.micro_batch)
+            evaluate = evaluate_pipeline if cfg.plan.pp > 1 else hf_data.evaluate
+            metrics["eval_loss"] = evaluate(engine, held_out, dp_rank, dp_size, cfg.plan.micro_batch)
         if rank == 0:
             record = {"event": "step", "step": step, "loss": loss, "time": time.time(), "metrics": metrics}
             if meter.tally:

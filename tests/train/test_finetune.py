@@ -2,9 +2,9 @@
 local data. A tiny Llama (2 layers, hidden 64) with random weights and a WordLevel tokenizer trained on
 the test's own text are saved here (no downloads); the experiment is tiny-cpu with that model.
 
-Fast: the data path (packing, prompt-only labels, the seeded sample order) and every refusal (a
-tensor/pipeline plan, a config mismatch, a missing folder/config/tokenizer, a missing field, a sequence
-length beyond the checkpoint's positions), each one line and before anything is written.
+Fast: the data path (packing, prompt-only labels, the seeded sample order) and every refusal (a config
+mismatch, a missing folder/config/tokenizer, a missing field, a sequence length beyond the checkpoint's
+positions), each one line and before anything is written.
 Slow: ZeRO-3 over 2 CPU workers under Ray Train: the loss falls, the evaluation loss reaches MLflow, and
 the exported `hf_model/` reloads with `from_pretrained` and gives the trained model's logits.
 """
@@ -170,14 +170,6 @@ def test_sample_i_is_a_pure_function_of_i(checkpoint, tmp_path, text_data):
 
 
 # --- fast: refusals, one line each, before anything is written --------------------------------------
-
-
-def test_pipeline_plans_are_refused(checkpoint, tmp_path):
-    """Tensor-parallel plans load their slices (tests/train/test_finetune_tp.py); pipelines do not yet."""
-    pp2 = Plan(dp=1, pp=2, zero_stage=1, micro_batch=2, grad_accum=1, precision="fp32")
-    message = _refusal(tmp_path, plan=pp2, weights=checkpoint)
-    assert message.startswith("--weights: loading weights into pipeline/context-parallel layouts")
-    assert pp2.short() in message
 
 
 def test_config_mismatch_names_the_field_and_both_values(tmp_path):
