@@ -1,5 +1,5 @@
 """`python -m service mlflow-server [--host 127.0.0.1] [--port 5000] [--backend-store-uri URI]
-[--artifacts-destination URI] [--no-serve-artifacts]`
+[--artifacts-destination URI] [--no-serve-artifacts] [--no-restart]`
 
 Runs MLflow's tracking server for drivers on this machine (on a cluster: the head) and for the UI
 through a tunnel. The store is sqlite under the repo unless told; for a store shared by several heads,
@@ -9,7 +9,9 @@ left to libpq (PGPASSWORD or ~/.pgpass) rather than written in the URI, where `p
 in the URI is masked in what this command prints. Artifacts are proxied by the server
 (`mlflow-artifacts:/`), so a client needs the server's URL and nothing else. It binds 127.0.0.1 unless
 given a private address; it refuses to listen on every interface. Prints the URI to export as
-MLFLOW_TRACKING_URI, then serves until Ctrl-C or SIGTERM (which stop the server it started).
+MLFLOW_TRACKING_URI, then serves until Ctrl-C or SIGTERM (which stop the server it started). A server
+that exits (killed, out of memory) is started again on the same port, as a process supervisor would
+(the head's container has none); `--no-restart` ends the command instead.
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=str(repo_root() / "mlartifacts"),
         help="Where the proxied artifacts go: a folder (shared storage on a cluster) or s3://... "
         "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--restart",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Start the server again when it exits (default: on; "
+        f"{MAX_FAILED_STARTS} failed starts in a row end the command).",
     )
     parser.add_argument(
         "--serve-artifacts",
@@ -117,13 +126,19 @@ def shown(uri: str) -> str:
         return uri
 
 
+# Keeping the server up, as a process supervisor would (the head's container has none): a server that
+# exits is started again after RESTART_DELAY_S; MAX_FAILED_STARTS exits in a row, each within CRASH_LOOP_S
+# of its start, end the command (a store that cannot open will not open on the next try either).
+RESTART_DELAY_S = 2.0
+CRASH_LOOP_S = 60.0
+MAX_FAILED_STARTS = 5
+
+
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # runs the server's clean-up, as Ctrl-C does
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.tracking.server import mlflow_server
-
     check_host(args.host)
     if not 0 < args.port < 65536:
         raise SpecError("--port", f"must be 1-65535, got {args.port}")
@@ -131,21 +146,44 @@ def run(args: argparse.Namespace) -> int:
     check_driver(store)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     artifacts = args.artifacts_destination if args.serve_artifacts else None
+    failed_starts, first = 0, True
     try:
-        with mlflow_server(
-            store,
-            args.port,
-            artifacts,
-            host=args.host,
-            serve_artifacts=args.serve_artifacts,
-        ) as url:
-            where = f"artifacts proxied to {artifacts}" if artifacts else "artifacts not served"
-            print(f"MLflow server on {url} (store {shown(store)}; {where}); Ctrl-C to stop")
-            print(f"export MLFLOW_TRACKING_URI={url}", flush=True)
-            while True:
-                time.sleep(3600)
+        while True:
+            started = time.monotonic()
+            try:
+                code = _serve_once(args, store, artifacts, announce=first)
+            except (RuntimeError, TimeoutError) as err:  # exited while starting, or never answered
+                code = None
+                if not args.restart:
+                    print(f"error: mlflow server: {err}", file=sys.stderr)
+                    return 1
+                print(f"mlflow server did not start: {err}", file=sys.stderr)
+            if not args.restart:
+                print(f"error: mlflow server exited with code {code}", file=sys.stderr)
+                return 1
+            # A server that ran a while starts again; one that keeps dying at start is given up on.
+            first = False
+            failed_starts = failed_starts + 1 if time.monotonic() - started < CRASH_LOOP_S else 0
+            if failed_starts >= MAX_FAILED_STARTS:
+                print(f"error: mlflow server: {failed_starts} failed starts in a row", file=sys.stderr)
+                return 1
+            print(f"mlflow server exited (code {code}); starting it again", file=sys.stderr, flush=True)
+            time.sleep(RESTART_DELAY_S)
     except KeyboardInterrupt:
         return 0
-    except (RuntimeError, TimeoutError) as err:  # the server exited or never answered
-        print(f"error: mlflow server: {err}", file=sys.stderr)
-        return 1
+
+
+def _serve_once(args: argparse.Namespace, store: str, artifacts: str | None, announce: bool) -> int:
+    """Runs the server until it exits; its exit code."""
+    from service.tracking.server import mlflow_server_process
+
+    with mlflow_server_process(
+        store, args.port, artifacts, host=args.host, serve_artifacts=args.serve_artifacts
+    ) as (url, proc):
+        where = f"artifacts proxied to {artifacts}" if artifacts else "artifacts not served"
+        if announce:
+            print(f"MLflow server on {url} (store {shown(store)}; {where}); Ctrl-C to stop")
+            print(f"export MLFLOW_TRACKING_URI={url}", flush=True)
+        else:
+            print(f"MLflow server on {url} again", file=sys.stderr, flush=True)
+        return proc.wait()

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from service.tracking.uri import default_uri, repo_root
@@ -56,6 +56,23 @@ def mlflow_server(
     With `serve_artifacts` the server proxies artifact uploads and downloads to `artifacts_destination`,
     so clients need no access to the artifact store itself.
     """
+    with mlflow_server_process(
+        backend_store_uri, port, artifacts_destination, log_path, timeout_s, host, serve_artifacts
+    ) as (url, _):
+        yield url
+
+
+@contextmanager
+def mlflow_server_process(
+    backend_store_uri: str,
+    port: int | None = None,
+    artifacts_destination: str | Path | None = None,
+    log_path: Path | None = None,
+    timeout_s: float = 90.0,
+    host: str = "127.0.0.1",
+    serve_artifacts: bool = True,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`mlflow_server`, yielding the server's process too (a supervisor waits on it)."""
     port = port or free_port()
     url = f"http://{host}:{port}"
     cmd = [
@@ -86,7 +103,7 @@ def mlflow_server(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         _wait_healthy(url, proc, timeout_s)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -94,6 +111,9 @@ def mlflow_server(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)  # the server's own process group (uvicorn workers)
             proc.wait(timeout=15)
+        # A server that died (killed, out of memory) can leave its workers holding the port.
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, 9)
         if log_path:
             log.close()  # type: ignore[union-attr]
 

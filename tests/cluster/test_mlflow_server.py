@@ -77,3 +77,31 @@ def test_refuses_public_binding_in_one_line(host: str):
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--host" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_is_started_again_on_the_same_port(tmp_path: Path):
+    """The head's container has no process supervisor: the command is one. Its `mlflow server` killed
+    (as the OOM killer would), it comes back on the same URL with the same store."""
+    import psutil
+    from mlflow import MlflowClient
+
+    port = free_port()
+    proc, uri = _start(tmp_path, port)
+    try:
+        run = MlflowClient(tracking_uri=uri).create_run(MlflowClient(tracking_uri=uri).create_experiment("e"))
+        servers = [c for c in psutil.Process(proc.pid).children() if "mlflow" in " ".join(c.cmdline())]
+        assert len(servers) == 1
+        os.killpg(servers[0].pid, signal.SIGKILL)  # the server and its workers
+        deadline, lines = time.monotonic() + 120, []
+        while time.monotonic() < deadline and proc.stdout is not None:
+            lines.append(proc.stdout.readline())
+            if lines[-1].startswith(f"MLflow server on {uri} again"):
+                break
+        assert lines and lines[-1].startswith(f"MLflow server on {uri} again"), "".join(lines)[-2000:]
+        assert any("mlflow server exited (code -9); starting it again" in ln for ln in lines)
+        assert MlflowClient(tracking_uri=uri).get_run(run.info.run_id).info.run_id == run.info.run_id
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0 and not _listening(port)
