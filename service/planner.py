@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from service.costmodel.result import Estimate, EstimateTable
@@ -43,6 +44,7 @@ from service.spec import (
 from service.spec.params import ModelParams, load_params
 from service.spec.plan import Engine, Precision
 from service.spec.plan_table import PRECISION_CODES, PlanTable
+from service.spec.production import GoodputSpec
 
 
 class RankedPlan(BaseModel):
@@ -81,11 +83,14 @@ class RankedPlan(BaseModel):
 
 @dataclass(frozen=True)
 class Ranking:
-    """What `rank_plans` returns: the valid plans, their scores and the selection (row indexes)."""
+    """What `rank_plans` returns: the valid plans, their scores and the selection (row indexes).
+    `hours_no_failures` is the failure-free hours; `estimates.hours` (and dollars) include goodput
+    when `rank_plans` was given it, and equal them otherwise."""
 
     enumeration: Enumeration
     estimates: EstimateTable
     selection: Selection
+    hours_no_failures: np.ndarray
 
     def rejected_counts(self) -> dict[str, int]:
         """Why every candidate but the selected one lost: invalid (by rule), then by selection status."""
@@ -103,12 +108,18 @@ def rank_plans(
     params: ModelParams | None = None,
     engines: Sequence[Engine] = ("deepspeed",),
     quantized_collectives: bool = False,
+    goodput: GoodputSpec | None = None,
+    enumeration: Enumeration | None = None,
 ) -> Ranking:
-    """Enumerates every valid plan of `engines`, scores them all with `estimate_table` under `params`
-    (None = the shipped set), and selects under `budget`."""
+    """Enumerates every valid plan of `engines` (or takes `enumeration`, already made for this cluster),
+    scores them all with `estimate_table` under `params` (None = the shipped set), and selects under
+    `budget`. With `goodput`, hours and dollars are the run's expected wall-clock, interruptions,
+    checkpoints and restarts included (service/costmodel/goodput.py), so the budget is checked against
+    what the run will really cost. The one ranking of `plan`, `run` and the Python API."""
     from service.costmodel import estimate_table
+    from service.costmodel.goodput import with_goodput
 
-    enumeration = enumerate_plans(
+    enumeration = enumeration or enumerate_plans(
         model,
         cluster,
         workload,
@@ -117,11 +128,13 @@ def rank_plans(
         engines=engines,
         quantized_collectives=quantized_collectives,
     )
-    estimates = estimate_table(
+    raw = estimate_table(
         model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom, params=params
     )
+    estimates = raw if goodput is None else with_goodput(raw, model, cluster, precision, goodput)
     resolution = estimates.params.residuals.scatter
-    return Ranking(enumeration, estimates, select_plan(enumeration.plans, estimates, budget, resolution))
+    selection = select_plan(enumeration.plans, estimates, budget, resolution)
+    return Ranking(enumeration, estimates, selection, raw.hours)
 
 
 @dataclass(frozen=True)

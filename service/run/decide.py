@@ -1,10 +1,9 @@
 """Scoring with goodput, selection across GPU types, and the min-max-regret choice the sensitivity
 scenarios (service/run/sensitivity.py) feed.
 
-`score` is the planner's pipeline (enumerate, `estimate_table` with a parameter set, `select_plan`)
-with one change: hours and dollars are the expected wall-clock of the run, interruptions, checkpoints
-and restarts included (service/run/goodput.py), so the budget is checked against what the run will
-really cost. Selection stays the planner's pure function (service/plans/select.py).
+`score` is the planner's one ranking (`planner.rank_plans`) with goodput: hours and dollars are the
+expected wall-clock of the run, interruptions, checkpoints and restarts included
+(service/costmodel/goodput.py), so the budget is checked against what the run will really cost.
 
 The nominal choice is kept unless, in some scenario, it is more than `ROBUST_TOLERANCE` worse than
 that scenario's best while another plan, within the tolerance of the nominal best, stays closer to
@@ -13,21 +12,24 @@ every scenario's best (min-max regret, `robust_choice`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from service.costmodel.result import EstimateTable
-from service.plans.enumerate import DEFAULT_MAX_MICRO_BATCH, Enumeration, enumerate_plans
-from service.plans.select import Selection, select_plan
-from service.run.goodput import checkpoint_bytes, wall_hours
+from service.plans.enumerate import DEFAULT_MAX_MICRO_BATCH, Enumeration
+from service.plans.select import Selection
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams
+from service.spec.plan import Engine
 from service.spec.production import GoodputSpec
 from service.spec.workload import Budget, Workload
 
 ROBUST_TOLERANCE = 0.05
+# `run` ranks the plans it can prove on proxies and launch (its DeepSpeed config, `service train`);
+# `service plan` ranks every engine the experiment lists.
+LAUNCHED_ENGINES: tuple[Engine, ...] = ("deepspeed",)
 
 
 @dataclass(frozen=True)
@@ -49,24 +51,6 @@ class Scored:
         return self.est.dollars if objective == "cost" else -self.est.tokens_per_s
 
 
-def with_goodput(
-    est: EstimateTable, model: ModelSpec, cluster: ClusterSpec, precision: str, goodput: GoodputSpec
-) -> EstimateTable:
-    """`est` with hours and dollars (and their intervals) scaled to the expected wall-clock."""
-    ckpt = checkpoint_bytes(model, precision)
-    wall = wall_hours(est.hours, cluster.num_gpus, ckpt, goodput)
-    factor = np.where(est.hours > 0, wall / np.maximum(est.hours, 1e-12), 1.0)
-    return replace(
-        est,
-        hours=est.hours * factor,
-        dollars=est.dollars * factor,
-        hours_low=est.hours_low * factor,
-        hours_high=est.hours_high * factor,
-        dollars_low=est.dollars_low * factor,
-        dollars_high=est.dollars_high * factor,
-    )
-
-
 def score(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -79,22 +63,25 @@ def score(
     enumeration: Enumeration | None = None,
     quantized_collectives: bool = False,
 ) -> Scored:
-    from service.costmodel import estimate_table
+    """`planner.rank_plans` with goodput, over the engines `run` launches, for one cluster."""
+    from service.planner import rank_plans
 
-    enum = enumeration or enumerate_plans(
+    ranking = rank_plans(
         model,
         cluster,
         workload,
+        budget,
         max_micro_batch,
         precision,  # type: ignore[arg-type]
-        quantized_collectives=quantized_collectives,
+        params,
+        LAUNCHED_ENGINES,
+        quantized_collectives,
+        goodput=goodput,
+        enumeration=enumeration,
     )
-    raw = estimate_table(
-        model, cluster, workload, enum.plans, memory_headroom=budget.memory_headroom, params=params
+    return Scored(
+        cluster, ranking.enumeration, ranking.estimates, ranking.hours_no_failures, ranking.selection
     )
-    est = with_goodput(raw, model, cluster, precision, goodput)
-    selection = select_plan(enum.plans, est, budget, est.params.residuals.scatter)
-    return Scored(cluster, enum, est, raw.hours, selection)
 
 
 def regret(values: np.ndarray, best: float, objective: str) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import Any
 from service.cluster import storage
 from service.plans.select import GIB
 from service.report.result import RunResult
-from service.run.decide import Scored
+from service.run.decide import LAUNCHED_ENGINES, Scored
 from service.run.outputs import (
     dump_json,
     launch_command,
@@ -165,6 +165,22 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
         },
         {"what": "checkpoint interval", "source": "Young 1974 / Daly 2006: sqrt(2 · write time · MTBF)"},
         {"what": "proxies", "source": str(result.proxy_design.get("why", ""))},
+        *_engines_row(spec),
+    ]
+
+
+def _engines_row(spec: ExperimentSpec) -> list[dict[str, str]]:
+    """Which engines the memo ranked, where the experiment lists others too."""
+    others = [e for e in spec.engines if e not in LAUNCHED_ENGINES]
+    if not others:
+        return []
+    return [
+        {
+            "what": f"plans of {', '.join(LAUNCHED_ENGINES)} only",
+            "source": "the engines run proves on proxies and launches; `python -m service plan` ranks "
+            + ", ".join(others)
+            + " too",
+        }
     ]
 
 

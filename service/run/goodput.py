@@ -1,67 +1,26 @@
-"""Goodput: the wall-clock a run really takes once interruptions, checkpoints and restarts are paid.
-
-- Interruptions arrive at `λ` per GPU-hour, so the job's mean time between failures is M = 1 / (λ · N).
-  The experiment sets λ (`goodput.interruptions_per_gpu_hour`); otherwise it depends on the cluster
-  (`GoodputSpec.rate_per_gpu_hour`): up to 1,024 GPUs the per-GPU rate of small jobs on Meta's shared
-  research clusters (Kokolis et al. 2024: 8-GPU jobs fail every 47.7 days, 1.09e-4 per GPU-hour), above
-  it Llama 3's dedicated fleet (419 in 54 days on 16,384 H100s, 1.97e-5 per GPU-hour).
-- A checkpoint holds the model state the run cannot recompute: bf16/fp16 weights (2 B/param) plus
-  Adam's fp32 master weights and two moments (12 B/param) — the K = 12 of ZeRO (Rajbhandari et al.
-  2020, §3.1); 12 B/param in fp32. It is written in parallel at the storage's aggregate bandwidth:
-  C = bytes / bandwidth seconds.
-- Young's interval (Young 1974; Daly 2006, first order): τ = sqrt(2 · C · M), capped at the run's
-  length (a run shorter than τ checkpoints only at its end and loses half of it, on average, per
-  interruption).
-- Expected wall-clock W = H · (1 + C / τ + (τ / 2 + R + C) / M), H the failure-free hours, R the
-  restart time; the failed attempt's checkpoint must be read back (C again). Dollars scale with W.
-- The cost of checkpointing more often: W at τ = 1 h, 30 min and 15 min (those shorter than the run),
-  against W at the optimum. τ = sqrt(2·C·M) minimises C/τ + τ/(2M), so every other interval costs more.
+"""The memo's goodput record: the numbers behind the expected wall-clock for the selected plan
+(service/costmodel/goodput.py has the rule and its sources), and the cost of checkpointing more often:
+W at τ = 1 h, 30 min and 15 min (those shorter than the run), against W at the optimum. τ = sqrt(2·C·M)
+minimises C/τ + τ/(2M), so every other interval costs more.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from service.costmodel.goodput import RULE, wall_at_interval, wall_hours, write_hours
 from service.report.result import Goodput, IntervalCost
-from service.spec.production import GoodputSpec, checkpoint_bytes
+from service.spec.production import GoodputSpec
 
-__all__ = ["RULE", "SHORTER_INTERVALS", "checkpoint_bytes", "goodput_record", "interval_costs", "wall_hours"]
-
-RULE = (
-    "W = H·(1 + C/τ + (τ/2 + R + C)/M), τ = min(sqrt(2·C·M), H) (Young/Daly); M = 1/(λ·N); "
-    "C = checkpoint bytes / storage bandwidth; R = restart time"
-)
 # The intervals the memo prices against the optimum: (label, hours).
 SHORTER_INTERVALS = (("1 h", 1.0), ("30 min", 0.5), ("15 min", 0.25))
-
-
-def _write_hours(num_gpus: int, ckpt_bytes: float, spec: GoodputSpec) -> float:
-    return ckpt_bytes / (spec.bandwidth_gb_per_s(num_gpus) * 1e9) / 3600.0
-
-
-def wall_at_interval(hours: float, tau: float, rate: float, c: float, r: float) -> float:
-    """W = H·(1 + C/τ + (τ/2 + R + C)·λN) for a checkpoint every τ hours (`rate` = λN per hour)."""
-    return hours * (1.0 + c / tau + (tau / 2.0 + r + c) * rate)
-
-
-def wall_hours(hours: np.ndarray, num_gpus: int, ckpt_bytes: float, spec: GoodputSpec) -> np.ndarray:
-    """Expected wall-clock hours for failure-free `hours` (vectorised over plans)."""
-    h = np.asarray(hours, dtype=float)
-    rate = spec.rate_per_gpu_hour(num_gpus) * num_gpus
-    if rate <= 0:
-        return h.copy()
-    mtbf = 1.0 / rate
-    c = _write_hours(num_gpus, ckpt_bytes, spec)
-    tau = np.minimum(np.sqrt(2.0 * c * mtbf), np.maximum(h, 1e-9))
-    r = spec.restart_minutes / 60.0
-    return h * (1.0 + c / tau + (tau / 2.0 + r + c) / mtbf)
 
 
 def interval_costs(hours: float, num_gpus: int, ckpt_bytes: float, spec: GoodputSpec) -> list[IntervalCost]:
     """The optimum's expected wall-clock (as `wall_hours`), then that of a checkpoint every 1 h, 30 min
     and 15 min — those shorter than the run, other than the optimum itself — with their extra over it."""
     rate = spec.rate_per_gpu_hour(num_gpus) * num_gpus
-    c = _write_hours(num_gpus, ckpt_bytes, spec)
+    c = write_hours(num_gpus, ckpt_bytes, spec)
     r = spec.restart_minutes / 60.0
     tau = min(spec.young_daly_hours(num_gpus, ckpt_bytes), hours)
     best = float(wall_hours(np.array([hours]), num_gpus, ckpt_bytes, spec)[0])

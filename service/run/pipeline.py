@@ -29,7 +29,7 @@ from service.run import calibration as cal
 from service.run.decide import Scored, best_cluster, score
 from service.run.evidence import evidence, tie_group
 from service.run.experts import expert_parallelism
-from service.run.goodput import checkpoint_bytes, goodput_record
+from service.run.goodput import goodput_record
 from service.run.proxies import run_proxies
 from service.run.rows import memo_rows
 from service.run.sensitivity import sensitivity
@@ -38,6 +38,7 @@ from service.search.result import SearchResult
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.params import ModelParams, load_params
+from service.spec.production import checkpoint_bytes
 from service.spec.record import Metrics
 from service.spec.units import GIB
 from service.tracking.uri import repo_root

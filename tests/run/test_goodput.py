@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.costmodel.goodput import wall_hours
 from service.report.memo_goodput import goodput_blocks
 from service.report.result import Goodput, RunResult
-from service.run.goodput import goodput_record, interval_costs, wall_hours
+from service.run.goodput import goodput_record, interval_costs
 from service.spec import load_experiment
 from service.spec.production import GoodputSpec
 

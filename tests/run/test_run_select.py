@@ -9,12 +9,13 @@ import pytest
 import yaml
 
 from service.catalog import load_model
+from service.costmodel.goodput import wall_hours
 from service.run.decide import best_cluster, robust_choice, score
-from service.run.goodput import checkpoint_bytes, goodput_record, wall_hours
+from service.run.goodput import goodput_record
 from service.run.sensitivity import sensitivity
 from service.spec import Budget, ClusterSpec, Workload, load_experiment
 from service.spec.params import ModelParams
-from service.spec.production import SMALL_CLUSTER_RATE_PER_GPU_HOUR, GoodputSpec
+from service.spec.production import SMALL_CLUSTER_RATE_PER_GPU_HOUR, GoodputSpec, checkpoint_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENT = REPO / "experiments" / "llama2-13b-32xh100.yaml"
