@@ -133,9 +133,9 @@ def _moe_proxy_problem(plan: Plan) -> str | None:
 
 
 # The shipped set's per-step and per-micro-step overheads are fitted on published training frameworks
-# at scale (data loading, logging, launch: 0.063 s a step in v11). A proxy runs our own worker loop,
+# at scale (data loading, logging, launch: tens of ms a step). A proxy runs our own worker loop,
 # whose fixed costs differ: a tiny CPU proxy's whole ZeRO-0 step measured 62 ms (benchmarks/
-# search_efficiency.py, after the activation meter's fix), less than that overhead alone. On an H200
+# search_efficiency.py), less than that overhead alone. On an H200
 # the 1-layer 13B-width proxy measured 0.087 s: 0.121 s predicted with the overhead, 0.058 s without
 # (benchmarks/results/gpu_proxy_depth.json, before the meter's fix). So proxies are predicted with
 # these two at their prior (0), and a run that calibrates on proxies of the production GPU fits them
