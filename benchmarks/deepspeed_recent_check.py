@@ -7,7 +7,7 @@ these rows: every one is out of sample. A row the model cannot price (its plan o
 listed as unpriced with the reason; the published sources that were checked and left out are in the
 comment block at the end of the data file.
 
-    python benchmarks/deepspeed_recent_check.py  # --params P --out benchmarks/results/deepspeed_recent_check.json
+    python benchmarks/deepspeed_recent_check.py  # [--params P] [--out FILE.json]
 
 Prints per row predicted vs measured tokens/s per GPU, the predicted memory against what the source
 measured (where it did), and per source and overall the mean log bias (mean ln(pred/measured)) and the
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             mem += f", source peak {r['source_peak_reserved_gib']} GiB"
         print(
             f"  {r['id']}: {r['label']} measured {r['measured_tokens_per_s_per_gpu']:,.0f} predicted "
-            f"{r['predicted_tokens_per_s_per_gpu']:,.0f} ({r['error']:+.1%}){' ~' if r['approximate'] else ''}; {mem}"
+            f"{r['predicted_tokens_per_s_per_gpu']:,.0f} ({r['error']:+.1%})"
+            f"{' ~' if r['approximate'] else ''}; {mem}"
         )
     for name, s in result["sources"].items():
         print(

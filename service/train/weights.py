@@ -293,6 +293,25 @@ def _set_param(lm: torch.nn.Module, name: str, value: torch.Tensor, tensor_paral
     setattr(module, leaf, param)
 
 
+def meta_causal_lm(weights: str, layout: str) -> Any:
+    """The checkpoint's LlamaForCausalLM on the meta device (no memory, no random initialisation), for a
+    `layout` that fills it slice by slice; its rotary tables real (they hold no parameters). A tied
+    embedding is refused: the split layouts cannot tie across ranks or stages."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from service.train.model import ATTN_IMPLEMENTATION
+
+    config = AutoConfig.from_pretrained(weights)
+    config.use_cache = False
+    if getattr(config, "tie_word_embeddings", False):
+        raise ValueError(f"{weights}: {layout} fine-tuning of tied embeddings is not supported")
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
+    lm.config.use_cache = False
+    lm.model.rotary_emb = type(lm.model.rotary_emb)(config=lm.config)
+    return lm
+
+
 def load_tensor_parallel(
     weights: str, group: Any, sequence_parallel: bool, dtype: torch.dtype
 ) -> torch.nn.Module:
@@ -304,20 +323,10 @@ def load_tensor_parallel(
     are read before `apply_tensor_parallel`, so that the sequence-parallel gradient hooks it registers
     on them hold; the sharded ones (marked `tensor_model_parallel`, as the TP layers mark theirs) after."""
     import torch.distributed as dist
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from service.train.model import ATTN_IMPLEMENTATION, apply_tensor_parallel
+    from service.train.model import apply_tensor_parallel
 
-    config = AutoConfig.from_pretrained(weights)
-    config.use_cache = False
-    if getattr(config, "tie_word_embeddings", False):
-        raise ValueError(f"{weights}: tensor-parallel fine-tuning of tied embeddings is not supported")
-    with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
-    lm.config.use_cache = False
-    rotary = lm.model.rotary_emb
-    lm.model.rotary_emb = type(rotary)(config=lm.config)  # real (CPU) rotary tables; no parameters
-
+    lm = meta_causal_lm(weights, "tensor-parallel")
     reader = CheckpointReader(weights)
     rank, parts = dist.get_rank(group=group), dist.get_world_size(group=group)
     sharded = {"lm_head.weight", "lm_head.bias"}  # what apply_tensor_parallel will split

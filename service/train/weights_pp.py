@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from service.train.weights import CheckpointReader, tensor_parallel_shards
+from service.train.weights import CheckpointReader, meta_causal_lm, tensor_parallel_shards
 
 
 @functools.cache
@@ -58,18 +58,7 @@ class PipelineCheckpoint:
     """The checkpoint as a meta-device LlamaForCausalLM (`lm`) and stage specs (`spec`) that read it."""
 
     def __init__(self, weights: str, dtype: torch.dtype):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        from service.train.model import ATTN_IMPLEMENTATION
-
-        config = AutoConfig.from_pretrained(weights)
-        config.use_cache = False
-        if getattr(config, "tie_word_embeddings", False):
-            raise ValueError(f"{weights}: pipeline-parallel fine-tuning of tied embeddings is not supported")
-        with torch.device("meta"):
-            lm = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
-        lm.config.use_cache = False
-        lm.model.rotary_emb = type(lm.model.rotary_emb)(config=lm.config)  # real tables; no parameters
+        lm = meta_causal_lm(weights, "pipeline-parallel")
         self.weights, self.lm, self.dtype = weights, lm, dtype
         self.reader = CheckpointReader(weights)
 
