@@ -105,6 +105,8 @@ def _report(result: Any) -> str:
             f"records kept in {tracking['pending_file']}; written at the next search once the store is back"
         )
     lines.append(f"resume or inspect: {result.path}")
+    if result.copied_to:
+        lines.append(f"copied to {result.copied_to}")
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, get_args
 
-from service.cluster.storage import results_root
+from service.cluster.storage import publish, results_root
 from service.search.collect import collect_trials
 from service.search.config import RunConfig, SearchConfig
 from service.search.prune import PruneResult, prune_space, pruning_from_json, pruning_to_json
@@ -122,6 +122,8 @@ class Search:
         self.progress = run.progress
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.name = run.name or f"{self.experiment.name}-{self.space.name}-{self.algorithm}-{stamp}"
+        # Kept where the cluster's storage is when nobody named a folder: a remote one gets a copy at the end.
+        self._publish = run.storage_path is None and not os.environ.get(RESULTS_ENV)
         default_storage = os.environ.get(RESULTS_ENV) or results_root(repo_root() / "ray_results") / "search"
         self.storage_path = Path(run.storage_path or default_storage).resolve()
         self.target: TrackingTarget = resolve(self.experiment.tracking, self.experiment.name)
@@ -237,7 +239,9 @@ class Search:
                 ray.shutdown()
         result = self._collect(grid, pr)
         recording.finish_search(self.target, self.name, result)
-        return self._with_tracking(result)
+        result = self._with_tracking(result)
+        copied = publish(self.path, "search", self.name) if self._publish else None
+        return dataclasses.replace(result, copied_to=copied) if copied else result
 
     def _planned_trials(self, pr: PruneResult) -> int:
         return min(self.max_trials or len(pr.candidates), len(pr.candidates))

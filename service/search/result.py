@@ -173,6 +173,7 @@ class SearchResult:
     path: str
     tracking: Mapping[str, Any] = field(default_factory=dict)  # read-only once built
     stopped_reason: str = ""
+    copied_to: str | None = None  # the search folder's copy at $SERVICE_STORAGE_PATH when that is a URI
 
     def __post_init__(self) -> None:
         # Own, read-only copies: the lists the caller passed in can change without changing this result,
@@ -328,4 +329,5 @@ class SearchResult:
             "path": self.path,
             "tracking": dict(self.tracking),
             "stopped_reason": self.stopped_reason,
+            "copied_to": self.copied_to,
         }
