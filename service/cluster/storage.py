@@ -4,8 +4,8 @@ On one machine everything lands under `<repo>/ray_results/`. On a cluster, a job
 of the working dir that vanishes with the cluster, so the cluster names its storage in
 `SERVICE_STORAGE_PATH`: a shared POSIX folder (NFS, EFS, Lustre), or a URI that pyarrow's file systems
 read (`s3://`, `gs://`, `hdfs://`, `abfs://`; `file://` for a local folder, as Ray Train's own
-`storage_path` accepts). A local folder is written directly; for a URI, `run` writes its outputs into a
-local staging folder and copies the finished folder to `<uri>/<kind>/<name>` with
+`storage_path` accepts). A local folder is written directly; for a URI, `run` and `search` write into a
+local staging folder and copy the finished folder to `<uri>/<kind>/<name>` with
 `pyarrow.fs.copy_files`, so every file the memo names is at the printed URI.
 """
 
