@@ -1,12 +1,14 @@
 """The whole plan space at pre-training scale, ranked on one core, against the scalar path.
 
 Llama-3-70B and Llama-3-405B on 1,024, 4,096 and 16,384 H100s (seq 8192, a 16 M-token batch as
-Llama 3 used; Dubey et al. 2024, §3.4) over every engine (deepspeed, megatron, fsdp), every
-dp·tp·pp·cp with cp ≤ 16, megatron's interleaved chunks, ZeRO 0-3, optimizer / parameter offload,
-power-of-two micro-batches ≤ 64, three recompute policies, sequence parallelism and the precisions
-the GPU runs. Each scenario is timed end to end (`rank_plans`: enumerate + vectorised rule filter +
-`estimate_table` + selection), pinned to one core; the in-run baseline is the scalar path
-(`plan_problem` + `estimate()` one plan at a time) on a sample of the same valid plans, extrapolated.
+Llama 3 used; Dubey et al. 2024, §3.4), and the 671B mixture of experts DeepSeek-V3 on 2,048 and
+16,384 (its own workload, with expert parallelism and expert tensor parallelism) over every engine
+(deepspeed, megatron, fsdp), every dp·tp·pp·cp with cp ≤ 16, megatron's interleaved chunks,
+ZeRO 0-3, optimizer / parameter offload, power-of-two micro-batches ≤ 64, three recompute policies,
+sequence parallelism and the precisions the GPU runs. Each scenario is timed end to end
+(`rank_plans`: enumerate + vectorised rule filter + `estimate_table` + selection), pinned to one
+core; the in-run baseline is the scalar path (`plan_problem` + `estimate()` one plan at a time) on a
+sample of the same valid plans, extrapolated.
 It also prints the 70B / 1,024-GPU answer, per engine and overall, with its MFU.
 
 Usage: python benchmarks/enumeration.py [--repeats 3] [--scalar-sample 100] [--out PATH]
@@ -59,8 +61,23 @@ def precisions(gpu: str) -> tuple[Precision, ...]:
 
 def scenario(model: ModelSpec, gpus: int) -> tuple[ModelSpec, ClusterSpec, Workload]:
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=gpus // 8, gpus_per_node=8)  # type: ignore[arg-type]
-    workload = Workload(seq_len=8192, global_batch_tokens=16 * 2**20, tokens_to_train=15e12)
+    if model.moe is not None:
+        # DeepSeek-V3's pre-training: 4,096-token sequences, a batch that ramps to 15,360 sequences,
+        # 14.8 T tokens (DeepSeek-AI 2024, arXiv:2412.19437, §4.2).
+        workload = Workload(seq_len=4096, global_batch_sequences=15360, tokens_to_train=14.8e12)
+    else:
+        workload = Workload(seq_len=8192, global_batch_tokens=16 * 2**20, tokens_to_train=15e12)
     return model, cluster, workload
+
+
+# (model, GPU counts): the dense Llama 3 pair, and a 671B mixture of experts (DeepSeek-V3: 256 routed
+# experts, top-8, one shared expert, multi-head latent attention) on 2,048 GPUs (its own run's size)
+# and 16,384, where expert parallelism multiplies the layouts (ep and expert tp on top of dp·tp·pp·cp).
+SCENARIOS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("llama3-70b", (1024, 4096, 16384)),
+    ("llama3-405b", (1024, 4096, 16384)),
+    ("deepseek-v3", (2048, 16384)),
+)
 
 
 def rank(
@@ -114,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     results: dict[str, Any] = {"one_core": hasattr(os, "sched_setaffinity"), "target_s": TARGET_S}
     speed = {}
-    for model in (load_model("llama3-70b"), LLAMA3_405B):
-        for gpus in (1024, 4096, 16384):
+    for name, counts in SCENARIOS:
+        model = LLAMA3_405B if name == "llama3-405b" else load_model(name)
+        for gpus in counts:
             m, c, w = scenario(model, gpus)
             times = []
             for _ in range(args.repeats):

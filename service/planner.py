@@ -129,7 +129,13 @@ def rank_plans(
         quantized_collectives=quantized_collectives,
     )
     raw = estimate_table(
-        model, cluster, workload, enumeration.plans, memory_headroom=budget.memory_headroom, params=params
+        model,
+        cluster,
+        workload,
+        enumeration.plans,
+        memory_headroom=budget.memory_headroom,
+        params=params,
+        time_unfit=False,
     )
     estimates = raw if goodput is None else with_goodput(raw, model, cluster, precision, goodput)
     resolution = estimates.params.residuals.scatter

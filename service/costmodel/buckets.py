@@ -23,7 +23,7 @@ import functools
 import numpy as np
 
 from service.costmodel.memory import stage_layers
-from service.costmodel.types import Num
+from service.costmodel.types import Num, on_distinct
 from service.spec.attention import MLASpec
 from service.spec.model import ModelSpec
 
@@ -82,8 +82,9 @@ def _reduce_calls(model: ModelSpec, tp: int, pp: int, bucket: float) -> int:
 
 def gradient_reduce_calls(model: ModelSpec, tp: Num, pp: Num, bucket: float) -> np.ndarray:
     """Per plan, the bucket reductions of one step's gradients (see the module docstring)."""
-    tp_a, pp_a = np.broadcast_arrays(np.asarray(tp, dtype=np.int64), np.asarray(pp, dtype=np.int64))
-    out = np.empty(tp_a.shape, dtype=float)
-    for t, p in {(int(t), int(p)) for t, p in zip(tp_a.ravel(), pp_a.ravel(), strict=True)}:
-        out[(tp_a == t) & (pp_a == p)] = _reduce_calls(model, t, p, float(bucket))
-    return out
+
+    def per_pair(tps: np.ndarray, pps: np.ndarray) -> np.ndarray:
+        pairs = zip(tps.tolist(), pps.tolist(), strict=True)
+        return np.array([_reduce_calls(model, t, p, float(bucket)) for t, p in pairs], dtype=float)
+
+    return np.asarray(on_distinct(per_pair, tp, pp), dtype=float)

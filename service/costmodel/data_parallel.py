@@ -170,7 +170,7 @@ def comm_offload_and_optimizer_s(
     # DeepSpeed's ZeRO 1-2 reduce each gradient bucket with an all-reduce and keep their partition of it
     # (stage_1_and_2.py `average_tensor`: `use_multi_rank_bucket_allreduce`, on by default); FSDP and
     # Megatron's distributed optimizer reduce-scatter.
-    reduce = np.where(p.engine_column("gradient_reduce") == "all_reduce", ar, rs)
+    reduce = np.where(p.engine_is("gradient_reduce", "all_reduce"), ar, rs)
     # Megatron-Core's --overlap-grad-reduce starts each gradient bucket's reduction as backward finishes
     # it (DDP's all-reduce, or the distributed optimizer's reduce-scatter), and --overlap-param-gather
     # gathers the updated parameters bucket by bucket ahead of the next step's forward

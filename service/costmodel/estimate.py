@@ -18,7 +18,7 @@ from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
 from service.spec.plan import Plan
 from service.spec.plan_table import PlanTable
-from service.spec.stack import stack_names
+from service.spec.stack import plan_stacks
 from service.spec.units import GIB
 from service.spec.workload import Workload
 
@@ -227,7 +227,7 @@ def _times(
     # Transformer Engine layers (Megatron-Core) fuse their element-wise ops whatever the workload says.
     fused = workload.fused_elementwise | p.engine_column("transformer_engine")
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d, fused) * layers
-    dynamic = p.engine_column("fp8_scaling") == "dynamic"
+    dynamic = p.engine_is("fp8_scaling", "dynamic")
     casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision, dynamic) * layers
     elementwise = elementwise + casts / (gpu.hbm_bandwidth_gb_per_s * 1e9)
     elementwise = params["elementwise_scale"] * elementwise
@@ -309,6 +309,13 @@ def _times(
     }
 
 
+def _rows_of(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """A length-`n` column holding `values` at `rows` and NaN elsewhere."""
+    out = np.full(n, np.nan)
+    out[rows] = values
+    return out
+
+
 def estimate_table(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -316,11 +323,15 @@ def estimate_table(
     plans: PlanTable,
     memory_headroom: float = 0.10,
     params: ModelParams | None = None,
+    time_unfit: bool = True,
 ) -> EstimateTable:
     """Scores every plan in `plans` (assumed valid; see `service.spec.plan.plan_problem`).
 
     `params`: the fitted parameter set (None = the shipped default, `load_params()`); its out-of-sample
     residuals give the 80 % interval columns (`tokens_per_s_low` … `dollars_high`).
+    `time_unfit=False`: only the plans that fit in memory are timed; the others' time, throughput and
+    cost columns are NaN (a ranking never reads them: a plan over memory loses on memory alone, and the
+    time terms are most of the work on a large MoE plan space).
     """
     p = plans
     params = load_params() if params is None else params
@@ -330,8 +341,12 @@ def estimate_table(
     m = {f: np.where(use_last, getattr(last, f), getattr(first, f)) for f in _Memory.__dataclass_fields__}
     total = np.maximum(first.total(overhead), last.total(overhead))
     limit = np.full(len(p), cluster.gpu.hbm_gib * GIB * (1.0 - memory_headroom))
+    fits = total <= limit
 
-    t = _times(model, cluster, workload, p, params)
+    timed = None if time_unfit or fits.all() else np.flatnonzero(fits)
+    t = _times(model, cluster, workload, p if timed is None else p.take(timed), params)
+    if timed is not None:
+        t = {k: _rows_of(v, timed, len(p)) for k, v in t.items()}
     step = np.sum(list(t.values()), axis=0)
     tokens_per_s = p.micro_batch * p.grad_accum * p.dp * workload.seq_len / step
     per_gpu = tokens_per_s / cluster.num_gpus
@@ -340,7 +355,7 @@ def estimate_table(
     hours = workload.tokens_to_train / tokens_per_s / 3600.0
     dollars_per_hour = cluster.num_gpus * cluster.price_usd_per_gpu_hour
     legacy = workload.zero3_collectives == "per_tensor_lists"
-    stacks = stack_names(p, legacy, model.moe is not None) if params.domain.stacks else None
+    stacks = plan_stacks(p, legacy, model.moe is not None) if params.domain.stacks else None
     low, high = interval_bounds(
         tokens_per_s, params, cluster.num_gpus, workload.seq_len, cluster.gpu.name, stacks
     )
@@ -357,7 +372,7 @@ def estimate_table(
         cpu_offload_bytes=m["cpu"],
         expert_states_bytes=m["experts"],
         memory_limit_bytes=limit,
-        fits=total <= limit,
+        fits=fits,
         step_time_s=step,
         tokens_per_s=tokens_per_s,
         tokens_per_s_per_gpu=per_gpu,

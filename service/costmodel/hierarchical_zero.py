@@ -84,7 +84,7 @@ def zero3_collectives_s(
     replicas = p.dp * p.cp // np.maximum(group, 1)
     shard = grads_bytes / np.maximum(group, 1)
     grouped = p.shard_group_size > 0
-    every_micro_batch = grouped & (p.engine_column("replica_sync") == "micro_batch")
+    every_micro_batch = grouped & p.engine_is("replica_sync", "micro_batch")
     # Per micro-batch (FSDP), each block's shard is all-reduced after its reduce-scatter: one call each.
     calls = np.where(every_micro_batch, collectives, 1.0)
     across = comm.all_reduce_time_s(shard, replicas, stride * group, gpus_per_node, gpu, calls, links)

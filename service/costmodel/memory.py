@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.costmodel.types import Num
+from service.costmodel.types import Num, on_distinct
 from service.spec.model import ModelSpec
 from service.spec.plan_table import engine_table
 from service.spec.zero import ZeroKnobs
@@ -78,7 +78,12 @@ def stage_layers(num_layers: int, pp: Num, virtual_stages: Num = 1) -> tuple[np.
     prices them with this one. The first stage is then the busiest: its blocks set the pipeline's pace
     and its memory holds the most micro-batches.
     """
-    pp, v = np.asarray(pp), np.asarray(virtual_stages)
+    if np.ndim(pp) == 0 and np.ndim(virtual_stages) == 0:
+        return _stage_layers(num_layers, np.asarray(pp), np.asarray(virtual_stages))
+    return on_distinct(lambda p, v: _stage_layers(num_layers, p, v), pp, virtual_stages)  # type: ignore[no-any-return]
+
+
+def _stage_layers(num_layers: int, pp: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     chunks = pp * v
     base, extra = num_layers // chunks, num_layers % chunks
     first = v * base + np.minimum(v, np.ceil(extra / pp))

@@ -20,7 +20,7 @@ import numpy as np
 
 from service.costmodel import comm, compute
 from service.costmodel import memory as mem
-from service.costmodel.types import Num
+from service.costmodel.types import Num, on_distinct
 from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
@@ -98,20 +98,25 @@ def moe_blocks_per_stage(
     pp_a, v_a = np.broadcast_arrays(
         np.asarray(pp, dtype=np.int64), np.asarray(virtual_stages, dtype=np.int64)
     )
-    first, last, most = (np.zeros(pp_a.shape) for _ in range(3))
     if model.moe is None:
-        return first, last, most
-    is_moe = np.array([model.moe.is_moe_layer(i) for i in range(model.num_layers)], dtype=float)
-    for pp_i, v_i in {(int(a), int(b)) for a, b in zip(pp_a.ravel(), v_a.ravel(), strict=True)}:
-        chunks = pp_i * v_i
-        base, extra = divmod(model.num_layers, chunks)
-        sizes = np.full(chunks, base) + (np.arange(chunks) < extra)
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
-        per_chunk = np.array([is_moe[bounds[c] : bounds[c + 1]].sum() for c in range(chunks)])
-        per_stage = per_chunk.reshape(v_i, pp_i).sum(axis=0)
-        where = (pp_a == pp_i) & (v_a == v_i)
-        first[where], last[where], most[where] = per_stage[0], per_stage[-1], per_stage.max()
-    return first, last, most
+        return np.zeros(pp_a.shape), np.zeros(pp_a.shape), np.zeros(pp_a.shape)
+    moe = model.moe
+    is_moe = np.array([moe.is_moe_layer(i) for i in range(model.num_layers)], dtype=float)
+
+    def per_pair(pps: np.ndarray, vs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = np.zeros((3, len(pps)))
+        for i, (pp_i, v_i) in enumerate(zip(pps.tolist(), vs.tolist(), strict=True)):
+            chunks = pp_i * v_i
+            base, extra = divmod(model.num_layers, chunks)
+            sizes = np.full(chunks, base) + (np.arange(chunks) < extra)
+            bounds = np.concatenate([[0], np.cumsum(sizes)])
+            per_chunk = np.array([is_moe[bounds[c] : bounds[c + 1]].sum() for c in range(chunks)])
+            per_stage = per_chunk.reshape(v_i, pp_i).sum(axis=0)
+            out[:, i] = per_stage[0], per_stage[-1], per_stage.max()
+        return out[0], out[1], out[2]
+
+    first, last, most = on_distinct(per_pair, pp_a.ravel(), v_a.ravel())
+    return first.reshape(pp_a.shape), last.reshape(pp_a.shape), most.reshape(pp_a.shape)
 
 
 def expert_params_per_gpu(model: ModelSpec, moe_blocks: Num, p: PlanTable) -> np.ndarray:
@@ -167,7 +172,7 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     moe = model.moe
     assert moe is not None
     h, f, k, e = model.hidden_size, moe.expert_ffn_hidden_size, moe.experts_per_token, moe.num_experts
-    deepspeed = _rule("layer")[p.engine] == "deepspeed_moe"
+    deepspeed = (_rule("layer") == "deepspeed_moe")[p.engine]
     fused = _engine_field("transformer_engine")[p.engine]
     swiglu = np.where(fused, 3.0, 4.0) if model.mlp == "swiglu" else 2.0
     inputs = np.where(deepspeed & (p.ep > 1), 2.0, 1.0)
@@ -290,7 +295,7 @@ def expert_gradient_sync_s(
     ar = comm.all_reduce_time_s(grads, edp, stride, gpus_per_node, gpu, 1.0, links)
     rs = comm.reduce_scatter_time_s(grads, edp, stride, gpus_per_node, gpu, 1.0, links)
     ag = comm.all_gather_time_s(params, edp, stride, gpus_per_node, gpu, 1.0, links)
-    all_reduce = _engine_field("gradient_reduce")[p.engine] == "all_reduce"
+    all_reduce = (_engine_field("gradient_reduce") == "all_reduce")[p.engine]
     z12 = np.where(all_reduce, ar, rs + ag)
     z3 = p.grad_accum * (2 * ag + rs)
     return np.asarray(np.select([p.zero_stage == 0, p.zero_stage <= 2], [ar, z12], z3), dtype=float)

@@ -25,6 +25,7 @@ from service.plans.rules import (  # noqa: F401  (re-exported: the rule codes be
     COMBINATION_REASONS,
     INVALID_REASONS,
     VALID,
+    expansion_codes,
     problem_codes,
     reason_code,
 )
@@ -205,19 +206,33 @@ def _expand(
 ) -> PlanTable:
     """Each structure × every micro-batch × every recompute policy × every precision, grad_accum from
     the global batch."""
+    return _rows(structures, *_expansion(structures, workload, max_micro_batch, precisions))
+
+
+def _expansion(
+    structures: PlanTable, workload: Workload, max_micro_batch: int, precisions: Sequence[Precision]
+) -> list[np.ndarray]:
+    """[structure row, micro_batch, grad_accum, recompute, precision] of every expanded candidate."""
     row, mb, recompute, precision = _grid(
         np.arange(len(structures)),
         np.array(micro_batches(max_micro_batch), dtype=np.int64),
         np.arange(3),
         np.array([PRECISION_CODES.index(x) for x in precisions], dtype=np.int64),
     )
-    s = structures.take(row)
+    grad_accum = np.maximum(workload.batch_sequences // (mb * structures.dp[row]), 1)
+    return [row, mb, grad_accum, recompute, precision]
+
+
+def _rows(
+    structures: PlanTable,
+    row: np.ndarray,
+    mb: np.ndarray,
+    grad_accum: np.ndarray,
+    recompute: np.ndarray,
+    precision: np.ndarray,
+) -> PlanTable:
     return dataclasses.replace(
-        s,
-        micro_batch=mb,
-        grad_accum=np.maximum(workload.batch_sequences // (mb * s.dp), 1),
-        recompute=recompute,
-        precision=precision,
+        structures.take(row), micro_batch=mb, grad_accum=grad_accum, recompute=recompute, precision=precision
     )
 
 
@@ -278,7 +293,8 @@ def enumerate_plans(
 
     Same answer as filtering `candidate_table` with `problem_codes`, in two stages for speed: the
     structural rules (all but the batch rule) ignore micro_batch and recompute, so they run once per
-    structure, and only the structures that pass are expanded into micro-batches × recompute policies.
+    structure, and only the structures that pass are expanded into micro-batches × recompute policies,
+    where only the rules of the expanded columns are checked (`expansion_codes`) before any row is built.
     A rejected structure stands for micro-batches × policies rejected candidates in the counts.
     `max_cp`: the largest context-parallel degree tried (1 = none); `engines`: which engines' plans
     (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron and fsdp plans;
@@ -290,11 +306,14 @@ def enumerate_plans(
     structure_codes = problem_codes(structures, model, cluster, workload=None)
     precisions = _precisions(precision)
     per_structure = len(micro_batches(max_micro_batch)) * 3 * len(precisions)
-    expanded = _expand(structures.take(structure_codes == VALID), workload, max_micro_batch, precisions)
-    codes = problem_codes(expanded, model, cluster, workload)
+    passed = structures.take(structure_codes == VALID)
+    row, mb, ga, recompute, prec = _expansion(passed, workload, max_micro_batch, precisions)
+    codes = expansion_codes(passed, row, mb, ga, prec, cluster, workload)
     counts = np.bincount(structure_codes, minlength=len(INVALID_REASONS)) * per_structure
     counts += np.bincount(codes, minlength=len(INVALID_REASONS))
-    return Enumeration(expanded.take(codes == VALID), len(structures) * per_structure, _named_counts(counts))
+    keep = codes == VALID
+    plans = _rows(passed, row[keep], mb[keep], ga[keep], recompute[keep], prec[keep])
+    return Enumeration(plans, len(structures) * per_structure, _named_counts(counts))
 
 
 def outside_space(

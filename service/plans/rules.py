@@ -15,7 +15,7 @@ import numpy as np
 from service.spec.engine import engine_rules
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
-from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, PlanTable
+from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, PlanTable, engine_table
 from service.spec.workload import Workload
 
 # Why a candidate cannot run, in the order `plan_problem` checks its rules (code = index; 0 = valid).
@@ -89,7 +89,7 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
     hpz, groups = p.zero_hpz_partition_size > 1, p.shard_group_size > 0
     zero_plus_plus = hpz | p.zero_quantized_weights | p.zero_quantized_gradients
     has_stage = np.array([[z in engine_rules(e).zero_stages for z in range(4)] for e in ENGINE_CODES])
-    offload = np.asarray(p.engine_column("offload"))
+    offload = engine_table("offload")
     cp_rules = [engine_rules(e).context_parallel for e in ENGINE_CODES]
     cp_with_pipeline = np.array([r.with_pipeline for r in cp_rules])
     cp_with_sp = np.array([r.with_sequence_parallel for r in cp_rules])
@@ -103,8 +103,8 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
         ~has_stage[p.engine, p.zero_stage],
         (p.pp > 1) & (p.zero_stage > p.engine_column("max_zero_stage_with_pp")),
         (p.tp > 1) & (p.zero_stage > p.engine_column("max_zero_stage_with_tp")),
-        (offload == "none") & (p.offload_optimizer | p.offload_params),
-        (offload == "together") & (p.offload_optimizer != p.offload_params),
+        (offload == "none")[p.engine] & (p.offload_optimizer | p.offload_params),
+        (offload == "together")[p.engine] & (p.offload_optimizer != p.offload_params),
         (p.cp > 1) & (p.pp > 1) & ~cp_with_pipeline[p.engine],
         (p.cp > 1) & p.sequence_parallel & ~cp_with_sp[p.engine],
         p.comm_overlap & ~p.engine_column("comm_overlap"),
@@ -120,9 +120,9 @@ def _combination_rules(p: PlanTable) -> list[np.ndarray]:
 
 
 def _expert_tp_refused(p: PlanTable) -> np.ndarray:
-    kind = _expert_rule("expert_tp")[p.engine]
-    one = (kind == "one") & (p.expert_tp != 1)
-    return one | ((kind == "one_or_tp") & (p.expert_tp != 1) & (p.expert_tp != p.tp))
+    kind = _expert_rule("expert_tp")
+    one = (kind == "one")[p.engine] & (p.expert_tp != 1)
+    return one | ((kind == "one_or_tp")[p.engine] & (p.expert_tp != 1) & (p.expert_tp != p.tp))
 
 
 def _expert_rule(field: str) -> np.ndarray:
@@ -186,3 +186,41 @@ def problem_codes(
     else:
         rules += [none, none]
     return np.select(rules, list(range(1, len(rules) + 1)), default=VALID).astype(np.int8)
+
+
+def _code(reason: str) -> int:
+    return next(code for code, (short, _, _) in enumerate(INVALID_REASONS) if short == reason)
+
+
+# The rules that read the columns a structure is expanded into (precision, micro_batch, grad_accum) or
+# the workload, in `problem_codes`' order; every other rule is decided by the structure alone.
+EXPANSION_CODES = (
+    _code("fp8 on a GPU without FP8"),
+    _code("global batch does not split"),
+    _code("seq_len does not split into cp chunks"),
+)
+
+
+def expansion_codes(
+    structures: PlanTable,
+    row: np.ndarray,
+    micro_batch: np.ndarray,
+    grad_accum: np.ndarray,
+    precision: np.ndarray,
+    cluster: ClusterSpec,
+    workload: Workload,
+) -> np.ndarray:
+    """`problem_codes` of structure `row` given `micro_batch`, `grad_accum` and `precision`, for
+    structures that pass every rule of `problem_codes(structures, model, cluster)`: only the rules of
+    `EXPANSION_CODES` can fail then, so only they are checked, on the columns they read (the expanded
+    rows are never built as a table before they pass)."""
+    cp_rules = [engine_rules(e).context_parallel for e in ENGINE_CODES]
+    chunks = structures.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[structures.engine]
+    seq_split = ((structures.cp > 1) & (workload.seq_len % chunks != 0))[row]
+    no_fp8 = not cluster.gpu.peak_tflops_fp8
+    rules = [
+        (precision == PRECISION_CODES.index("fp8")) & no_fp8,
+        micro_batch * grad_accum * structures.dp[row] != workload.batch_sequences,
+        seq_split,
+    ]
+    return np.select(rules, list(EXPANSION_CODES), default=VALID).astype(np.int8)

@@ -281,16 +281,20 @@ class ModelParams(BaseModel):
         """`widen_unseen_stack` where a stack is outside the fit (see `widening`), else 0."""
         import numpy as np
 
+        from service.spec.stack import Stacks
+
         if stacks is None or not self.domain.stacks:
             return 0.0
-        names = np.atleast_1d(np.asarray(stacks, dtype=object))
+        if not isinstance(stacks, Stacks):
+            names = tuple(np.atleast_1d(np.asarray(stacks, dtype=object)).tolist())
+            distinct = tuple(dict.fromkeys(names))
+            stacks = Stacks(np.asarray([distinct.index(n) for n in names], dtype=np.int64), distinct)
         if gpu_name in self.domain.gpu_types:
-            seen = {f"{n} on {gpu_name}" for n in set(names)} & set(self.domain.stacks)
-            unseen = np.array([f"{n} on {gpu_name}" not in seen for n in names])
+            unseen = [f"{n} on {gpu_name}" not in self.domain.stacks for n in stacks.names]
         else:
             anywhere = {k.rsplit(" on ", 1)[0] for k in self.domain.stacks}
-            unseen = np.array([n not in anywhere for n in names])
-        return np.where(unseen, self.widen_unseen_stack, 0.0)
+            unseen = [n not in anywhere for n in stacks.names]
+        return np.where(unseen, self.widen_unseen_stack, 0.0)[stacks.codes]
 
     def summary(self) -> dict[str, Any]:
         """What `estimate --json` and `plan --json` print under `params`."""

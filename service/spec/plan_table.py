@@ -54,6 +54,10 @@ class PlanTable:
         """Per row, `field` of the row's engine rule table (service/catalog/engines/)."""
         return engine_table(field)[self.engine]
 
+    def engine_is(self, field: str, value: str) -> np.ndarray:
+        """Per row, whether its engine's `field` is `value` (compared on the engine table, not per row)."""
+        return (engine_table(field) == value)[self.engine]
+
     @classmethod
     def from_columns(cls, **cols: np.ndarray) -> PlanTable:
         """Builds a table from equal-length columns (ints; bools for the flags); `virtual_stages` and

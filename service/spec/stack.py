@@ -14,29 +14,52 @@ fit saw is within 15 %). `ModelParams.widening` widens the interval of an unseen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, PlanTable
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """Each plan's stack as a code into `names` (the distinct stacks): what the interval rule reads for
+    a whole plan table, one lookup per distinct stack instead of one string per plan."""
+
+    codes: np.ndarray
+    names: tuple[str, ...]
+
+    def per_plan(self) -> np.ndarray:
+        """The stack name of every plan (object array)."""
+        return np.asarray(self.names, dtype=object)[self.codes]
+
+
+STACKS = (
+    "DeepSpeed 3D", "DeepSpeed ZeRO-3 before 0.6", "DeepSpeed ZeRO-3", "DeepSpeed ZeRO-0/1/2",
+    "FSDP + TP/PP", "FSDP", "Megatron-FSDP", "Megatron",
+)  # fmt: skip
+
+
+def plan_stacks(plans: PlanTable, legacy_zero3: bool = False, moe: bool = False) -> Stacks:
+    """Per plan, its stack (see `stack_names`), as codes."""
+    engine = np.asarray(plans.engine)
+    split = (plans.tp > 1) | (plans.pp > 1)
+    z3 = plans.zero_stage == 3
+    deepspeed = np.select([split, z3 & legacy_zero3, z3], [0, 1, 2], 3)
+    fsdp = np.where(split, 4, 5)
+    megatron = np.where(plans.zero_stage >= 2, 6, 7)
+    ds, fs = ENGINE_CODES.index("deepspeed"), ENGINE_CODES.index("fsdp")
+    name = np.select([engine == ds, engine == fs], [deepspeed, fsdp], megatron)
+    kind = " MoE" if moe else ""
+    names = tuple(f"{n}{kind}, {p}" for n in STACKS for p in PRECISION_CODES)
+    return Stacks(name * len(PRECISION_CODES) + np.asarray(plans.precision), names)
 
 
 def stack_names(plans: PlanTable, legacy_zero3: bool = False, moe: bool = False) -> np.ndarray:
     """Per plan, its stack as a readable name, e.g. "DeepSpeed ZeRO-3, bf16" (object array); a
     mixture-of-experts model's runs are a stack of their own ("Megatron MoE, fp8"): their expert layers,
     router and all-to-alls are code the dense runs never ran."""
-    engine = np.asarray(ENGINE_CODES, dtype=object)[plans.engine]
-    split = (plans.tp > 1) | (plans.pp > 1)
-    z3 = plans.zero_stage == 3
-    deepspeed = np.select(
-        [split, z3 & legacy_zero3, z3],
-        ["DeepSpeed 3D", "DeepSpeed ZeRO-3 before 0.6", "DeepSpeed ZeRO-3"],
-        "DeepSpeed ZeRO-0/1/2",
-    )
-    fsdp = np.where(split, "FSDP + TP/PP", "FSDP")
-    megatron = np.where(plans.zero_stage >= 2, "Megatron-FSDP", "Megatron")
-    name = np.select([engine == "deepspeed", engine == "fsdp"], [deepspeed, fsdp], megatron)
-    precision = np.asarray(PRECISION_CODES, dtype=object)[plans.precision]
-    kind = " MoE" if moe else ""
-    return np.asarray([f"{n}{kind}, {p}" for n, p in zip(name, precision, strict=True)], dtype=object)
+    return plan_stacks(plans, legacy_zero3, moe).per_plan()
 
 
 def on_gpu(stacks: np.ndarray, gpu_name: str) -> np.ndarray:
