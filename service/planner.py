@@ -110,12 +110,15 @@ def rank_plans(
     quantized_collectives: bool = False,
     goodput: GoodputSpec | None = None,
     enumeration: Enumeration | None = None,
+    time_unfit: bool = False,
 ) -> Ranking:
     """Enumerates every valid plan of `engines` (or takes `enumeration`, already made for this cluster),
     scores them all with `estimate_table` under `params` (None = the shipped set), and selects under
     `budget`. With `goodput`, hours and dollars are the run's expected wall-clock, interruptions,
     checkpoints and restarts included (service/costmodel/goodput.py), so the budget is checked against
-    what the run will really cost. The one ranking of `plan`, `run` and the Python API."""
+    what the run will really cost. Plans that do not fit in memory are not timed (NaN time and cost
+    columns: they lose on memory alone) unless `time_unfit`, for a report that prints their time.
+    The one ranking of `plan`, `run` and the Python API."""
     from service.costmodel import estimate_table
     from service.costmodel.goodput import with_goodput
 
@@ -135,7 +138,7 @@ def rank_plans(
         enumeration.plans,
         memory_headroom=budget.memory_headroom,
         params=params,
-        time_unfit=False,
+        time_unfit=time_unfit,
     )
     estimates = raw if goodput is None else with_goodput(raw, model, cluster, precision, goodput)
     resolution = estimates.params.residuals.scatter

@@ -78,6 +78,7 @@ def score(
         quantized_collectives,
         goodput=goodput,
         enumeration=enumeration,
+        time_unfit=True,  # the memo prints a plan that does not fit beside the others, with its time
     )
     return Scored(
         cluster, ranking.enumeration, ranking.estimates, ranking.hours_no_failures, ranking.selection

@@ -105,6 +105,9 @@ class PlanTable:
 
     def take(self, index: np.ndarray) -> PlanTable:
         """Rows at `index` (an integer array or a boolean mask)."""
+        index = np.asarray(index)
+        if index.dtype == bool:  # a mask's rows once, not once per column
+            index = np.flatnonzero(index)
         return PlanTable(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     def row(self, i: int) -> Plan:
