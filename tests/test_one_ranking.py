@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from service.planner import Planner, rank_plans
+from service.report.proxy_records import Calibration, ProxyDesign
 from service.run.decide import LAUNCHED_ENGINES, score
 from service.run.finish import assumptions
 from service.spec import load_experiment
@@ -66,7 +67,8 @@ def test_run_keeps_to_the_engines_it_launches_and_says_so():
     assert {scored.plans.row(int(r)).engine for r in scored.selection.order[:50]} == set(LAUNCHED_ENGINES)
     ranked = np.unique(_ranking(spec).enumeration.plans.engine)
     assert {ENGINE_CODES[c] for c in ranked} == set(spec.engines)  # `plan` ranks all three
-    result = SimpleNamespace(calibration={}, proxy_design={})  # what `assumptions` reads of a result
+    # what `assumptions` reads of a result
+    result = SimpleNamespace(calibration=Calibration(), proxy_design=ProxyDesign())
     rows = assumptions(result, spec)  # type: ignore[arg-type]
     assert rows[-1] == {
         "what": "plans of deepspeed only",

@@ -54,12 +54,12 @@ def summary(result: Any) -> str:
             f"(80 %: {mem.low / 2.0**30:.1f}–{mem.high / 2.0**30:.1f}), {fallback.hours.value:.2f} h, "
             f"${fallback.dollars.value:,.0f}"
         )
-    err = result.proxy_validation_error.get("activation_bytes_per_rank", {})
-    if result.proxy_validation_error.get("n"):
+    err = result.proxy_validation_error.activation_bytes_per_rank
+    if result.proxy_validation_error.n:
         lines.append(
-            f"proxies: {result.proxy_validation_error['n']} ran; activation memory error "
-            f"{_pct(err.get('prior'))} prior → {_pct(err.get('calibrated'))} calibrated "
-            f"({_pct(err.get('out_of_sample'))} leave-one-out)"
+            f"proxies: {result.proxy_validation_error.n} ran; activation memory error "
+            f"{_pct(err.prior)} prior → {_pct(err.calibrated)} calibrated "
+            f"({_pct(err.out_of_sample)} leave-one-out)"
         )
     lines.append(f"memo: {result.memo_paths.get('html')} (and {result.memo_paths.get('markdown')})")
     if result.ds_config_path:

@@ -135,7 +135,7 @@ def memory_bars(result: RunResult) -> MemoryChart | None:
 
 
 def proxies_on_cpu(result: RunResult) -> bool:
-    return str(result.proxy_design.get("device", "")) == "cpu"
+    return result.proxy_design.device == "cpu"
 
 
 def proxy_speed_unused(result: RunResult) -> bool:
@@ -172,7 +172,7 @@ def proxy_text(result: RunResult) -> ProxyText:
             else "CPU cluster: their tokens/s fits the time terms (memo table)."
         )
     else:
-        where = f"{result.proxy_design.get('gpu') or 'GPU'} proxies"
+        where = f"{result.proxy_design.gpu or 'GPU'} proxies"
         note = "Time terms are compared in the memo's proxy table."
     return ProxyText(
         title=f"What the {where} check: each layout builds and steps; memory terms per rank",

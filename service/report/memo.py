@@ -171,46 +171,41 @@ def proxies(r: RunResult) -> list[Block]:
     d = r.proxy_design
     blocks: list[Block] = [
         ("h2", "Validation on proxies"),
-        ("p", f"Proxy shape: {d.get('why', '')}. Time terms: {d.get('time_terms', '')}."),
+        ("p", f"Proxy shape: {d.why}. Time terms: {d.time_terms}."),
         ("p", "What these proxies identify:"),
-        ("ul", list(d.get("identifies", []))),
+        ("ul", list(d.identifies)),
         ("p", "What they cannot identify (left to the prior, and to the risks below):"),
-        ("ul", list(d.get("cannot_identify", []))),
+        ("ul", list(d.cannot_identify)),
     ]
-    if d.get("choices"):
+    if d.choices:
         blocks.append(
             (
                 "table",
                 ["production plan", "proxy plan", "why this plan gets a proxy"],
-                [[c["plan"], c["proxy"], c["why"]] for c in d["choices"]],
+                [[c.plan, c.proxy, c.why] for c in d.choices],
             )
         )
     blocks += _proxy_table(r)
     v = r.proxy_validation_error
-    if v.get("n"):
-        act, state = v.get("activation_bytes_per_rank", {}), v.get("model_state_bytes_per_rank", {})
+    if v.n:
+        act, state = v.activation_bytes_per_rank, v.model_state_bytes_per_rank
         blocks.append(
             (
                 "p",
                 (
-                    f"Proxy error (mean |predicted/measured − 1| over {v['n']} proxies): activations "
-                    f"{_pct(act.get('prior'))} [prior] → {_pct(act.get('calibrated'))} [calibrated], "
-                    f"{_pct(act.get('out_of_sample'))} out of sample (leave one proxy out); model state "
-                    f"{_pct(state.get('prior'))} [prior]. {v.get('note', '')}."
+                    f"Proxy error (mean |predicted/measured − 1| over {v.n} proxies): activations "
+                    f"{_pct(act.prior)} [prior] → {_pct(act.calibrated)} [calibrated], "
+                    f"{_pct(act.out_of_sample)} out of sample (leave one proxy out); model state "
+                    f"{_pct(state.prior)} [prior]. {v.note}."
                 ),
             )
         )
     c = r.calibration
-    fitted = ", ".join(
-        f"{k}: {c['before'][k]:.4f} → {c['after'][k]:.4f}"
-        for k in c.get("fitted", [])
-        if k in c.get("before", {})
-    )
+    fitted = ", ".join(f"{k}: {c.before[k]:.4f} → {c.after[k]:.4f}" for k in c.fitted if k in c.before)
     blocks.append(
         (
             "p",
-            f"Calibration: {c.get('status')}; {fitted or 'nothing fitted'}. "
-            f"Time terms: {c.get('time_terms', 'n/a')}.",
+            f"Calibration: {c.status}; {fitted or 'nothing fitted'}. Time terms: {c.time_terms or 'n/a'}.",
         )
     )
     blocks.append(("img", "proxies", proxy_text(r).caption))

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.report.proxy_records import Calibration, ProxyDesign, ProxyValidation
 from service.spec.record import Metrics
 from service.spec.units import GIB
 
@@ -262,10 +263,10 @@ class RunResult(BaseModel):
     rows: list[PlanRow] = Field(default_factory=list)  # selected, runners-up, validated, pareto front
     # every plan that fits in memory: [tokens/s, dollars, meets the budget (1/0)], for the cost chart
     scatter: list[list[float]] = Field(default_factory=list)
-    proxy_design: dict[str, Any] = Field(default_factory=dict)
+    proxy_design: ProxyDesign = Field(default_factory=ProxyDesign)
     proxies: list[ProxyTrial] = Field(default_factory=list)
-    calibration: dict[str, Any] = Field(default_factory=dict)
-    proxy_validation_error: dict[str, Any] = Field(default_factory=dict)
+    calibration: Calibration = Field(default_factory=Calibration)
+    proxy_validation_error: ProxyValidation = Field(default_factory=ProxyValidation)
     extrapolation: Extrapolation | None = None
     goodput: Goodput | None = None
     sensitivity: Sensitivity | None = None

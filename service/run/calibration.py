@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from service.report.proxy_records import Calibration, ProxyDesign, ProxyError, ProxyValidation
 from service.report.result import Extrapolation
 from service.search.result import TrialRecord
 from service.spec.experiment import ExperimentSpec
@@ -109,41 +110,38 @@ def calibrate(
     prior: ModelParams,
     on_production_gpu: bool,
     source: str,
-) -> tuple[ModelParams, dict[str, Any]]:
+) -> tuple[ModelParams, Calibration]:
     """(calibrated parameters, what was done): memory always, time only on the production GPU type."""
     try:
         runs = measured_runs(exp, trials, source)
     except ImportError as err:
-        return prior, {"status": f"not calibrated: {err}", "fitted": [], "runs": 0, "prior": prior.summary()}
+        return prior, Calibration(status=f"not calibrated: {err}", prior=prior.summary(), source=source)
     if not runs:
-        return prior, {
-            "status": "not calibrated: no proxy ran all its steps",
-            "fitted": [],
-            "runs": 0,
-            "prior": prior.summary(),
-        }
+        why = "not calibrated: no proxy ran all its steps"
+        return prior, Calibration(status=why, prior=prior.summary(), source=source)
     names: tuple[str, ...] = MEMORY_PARAMS + (TIME_PARAMS if on_production_gpu else ())
     params = _fit(runs, prior, MEMORY_PARAMS)  # memory and time are fitted apart (different measurements)
     if on_production_gpu:
         params = _fit(runs, params, TIME_PARAMS)
     before = {n: prior[n] for n in names}
     after = {n: params[n] for n in names}
-    info = {
-        "status": "calibrated",
-        "runs": len(runs),
-        "fitted": list(names),
-        "before": before,
-        "after": after,
-        "time_terms": (
+    info = Calibration(
+        status="calibrated",
+        runs=len(runs),
+        fitted=list(names),
+        before=before,
+        after=after,
+        time_terms=(
             "fitted on proxies that ran on the production device type"
             if on_production_gpu
             else "kept at the published-set parameters: the proxies ran on another device, and time "
             "measured there says nothing about the production GPU"
         ),
-        "params": params.summary(),
-        "prior": prior.summary(),
-        "at_bounds": {k: v for k, v in params.at_bounds().items() if k in names},
-    }
+        params=params.summary(),
+        prior=prior.summary(),
+        at_bounds={k: v for k, v in params.at_bounds().items() if k in names},
+        source=source,
+    )
     return params, info
 
 
@@ -175,7 +173,7 @@ def validation_error(
     calibrated: bool,
     time_fitted: bool = False,
     on_cpu: bool = True,
-) -> dict[str, Any]:
+) -> ProxyValidation:
     """Mean |predicted/measured − 1| over the proxies, per quantity, before and after calibration.
 
     `trials` are `ProxyTrial`s (measured, predicted_prior, predicted_calibrated); `time_fitted`: the
@@ -193,15 +191,11 @@ def validation_error(
         e = _rel_errors(pairs)
         return float(np.mean(e)) if e else None
 
-    out: dict[str, Any] = {"n": len(ok)}
-    for key in (
-        "activation_bytes_per_rank",
-        "model_state_bytes_per_rank",
-        "peak_memory_bytes_per_rank",
-        "tokens_per_s",
-    ):
-        out[key] = {"prior": err(key, "prior"), "calibrated": err(key, "calibrated") if calibrated else None}
-    out["activation_bytes_per_rank"]["out_of_sample"] = err("activation_bytes_per_rank", "loo")
+    def errors(key: str) -> ProxyError:
+        return ProxyError(prior=err(key, "prior"), calibrated=err(key, "calibrated") if calibrated else None)
+
+    activations = errors("activation_bytes_per_rank")
+    activations.out_of_sample = err("activation_bytes_per_rank", "loo")
     peak = (
         "peak memory on CPU is the process RSS (runtime included): shown, not used"
         if on_cpu
@@ -212,11 +206,17 @@ def validation_error(
         if time_fitted
         else "tokens/s on this device says nothing about the production GPU: shown, not used"
     )
-    out["note"] = (
-        "mean |predicted/measured − 1| over the proxies; activations and model state are what the "
-        f"calibration uses; {peak}; {tokens}"
+    return ProxyValidation(
+        n=len(ok),
+        activation_bytes_per_rank=activations,
+        model_state_bytes_per_rank=errors("model_state_bytes_per_rank"),
+        peak_memory_bytes_per_rank=errors("peak_memory_bytes_per_rank"),
+        tokens_per_s=errors("tokens_per_s"),
+        note=(
+            "mean |predicted/measured − 1| over the proxies; activations and model state are what the "
+            f"calibration uses; {peak}; {tokens}"
+        ),
     )
-    return out
 
 
 def _doublings(a: float, b: float) -> float:
@@ -224,7 +224,7 @@ def _doublings(a: float, b: float) -> float:
 
 
 def extrapolation(
-    experiment: ExperimentSpec, proxy_exp: ExperimentSpec, proxy_info: dict[str, Any], measured: bool = True
+    experiment: ExperimentSpec, proxy_exp: ExperimentSpec, design: ProxyDesign, measured: bool = True
 ) -> Extrapolation:
     """How far the production run lies from the proxies, and the memory-interval widening it earns.
 
@@ -239,7 +239,7 @@ def extrapolation(
         "sequence": _doublings(experiment.workload.seq_len, seq),
         "gpus": _doublings(experiment.cluster.num_gpus, proxy.num_workers),
     }
-    other_device = proxy_info.get("gpu") != experiment.cluster.gpu.name
+    other_device = design.gpu != experiment.cluster.gpu.name
     widening = 1.0 + 0.25 * (d["width"] + d["sequence"]) + 0.125 * (d["layers"] + d["gpus"])
     widening += 0.5 if other_device else 0.0
     if not measured:
@@ -250,7 +250,7 @@ def extrapolation(
             "hidden_size": hidden,
             "seq_len": seq,
             "gpus": proxy.num_workers,
-            "device": proxy_info.get("gpu", proxy.device),
+            "device": design.gpu or proxy.device,
         },
         production={
             "layers": model.num_layers,
@@ -265,11 +265,11 @@ def extrapolation(
     )
 
 
-def memory_errors(validation: dict[str, Any], calibrated: bool) -> tuple[float, float]:
+def memory_errors(validation: ProxyValidation, calibrated: bool) -> tuple[float, float]:
     """(e_act, e_state) for the memory interval, from the proxies' errors (floors applied)."""
-    act = validation.get("activation_bytes_per_rank", {})
-    e_act = act.get("out_of_sample") or (act.get("calibrated") if calibrated else act.get("prior"))
-    state = validation.get("model_state_bytes_per_rank", {}).get("prior")
+    act = validation.activation_bytes_per_rank
+    e_act = act.out_of_sample or (act.calibrated if calibrated else act.prior)
+    state = validation.model_state_bytes_per_rank.prior
     e_act = PRIOR_ACTIVATION_ERROR if e_act is None else max(MIN_ACTIVATION_ERROR, e_act)
     e_state = PRIOR_ACTIVATION_ERROR if state is None else max(MIN_STATE_ERROR, state)
     return e_act, e_state

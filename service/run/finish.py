@@ -9,6 +9,7 @@ from typing import Any
 
 from service.cluster import storage
 from service.plans.select import GIB
+from service.report.proxy_records import Calibration
 from service.report.result import RunResult
 from service.run.decide import LAUNCHED_ENGINES, Scored
 from service.run.outputs import (
@@ -45,9 +46,9 @@ def risks(result: RunResult) -> list[str]:
             "at the first optimizer step); " + _plan_b(result)
         )
     cal = result.calibration
-    if cal.get("status") != "calibrated":
-        out.append(f"memory is not calibrated ({cal.get('status')}): memory numbers are the analytical prior")
-    if "published-set" in str(cal.get("time_terms", "")) or cal.get("status") != "calibrated":
+    if not cal.calibrated:
+        out.append(f"memory is not calibrated ({cal.status}): memory numbers are the analytical prior")
+    if "published-set" in cal.time_terms or not cal.calibrated:
         out.append(
             "throughput, hours and dollars rest on the published-set time parameters, not on measurements "
             "of this model on this cluster: time a few production steps first"
@@ -76,7 +77,7 @@ def risks(result: RunResult) -> list[str]:
             f"{result.goodput.expected_interruptions:.1f} interruptions expected: checkpoint every "
             f"{result.goodput.checkpoint_interval_hours:.1f} h"
         )
-    at_bounds = cal.get("at_bounds") or {}
+    at_bounds = cal.at_bounds
     if at_bounds:
         out.append(
             "fitted parameters at the edge of their band (the data push further): "
@@ -144,7 +145,7 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
             "what": f"GPU figures ({spec.cluster.gpu.name})",
             "source": spec.cluster.gpu.source or "GPU catalog",
         },
-        {"what": "time terms (parameter set)", "source": _summary(result.calibration.get("prior"))},
+        {"what": "time terms (parameter set)", "source": _summary(result.calibration.prior or None)},
         {"what": "memory terms", "source": _memory_source(result.calibration)},
         {
             "what": "price per GPU-hour",
@@ -164,7 +165,7 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
             "source": "ZeRO (Rajbhandari et al. 2020, §3.1: K = 12 optimizer bytes per parameter)",
         },
         {"what": "checkpoint interval", "source": "Young 1974 / Daly 2006: sqrt(2 · write time · MTBF)"},
-        {"what": "proxies", "source": str(result.proxy_design.get("why", ""))},
+        {"what": "proxies", "source": result.proxy_design.why},
         *_engines_row(spec),
     ]
 
@@ -184,12 +185,12 @@ def _engines_row(spec: ExperimentSpec) -> list[dict[str, str]]:
     ]
 
 
-def _memory_source(cal: dict[str, Any]) -> str:
-    if cal.get("status") != "calibrated":
-        return f"analytical prior ({cal.get('status')})"
-    after = cal.get("after", {}).get("activation_memory_scale")
+def _memory_source(cal: Calibration) -> str:
+    if not cal.calibrated:
+        return f"analytical prior ({cal.status})"
+    after = cal.after.get("activation_memory_scale")
     return (
-        f"activation_memory_scale = {after:.4f} fitted on {cal.get('runs')} proxies ({cal.get('source')}); "
+        f"activation_memory_scale = {after:.4f} fitted on {cal.runs} proxies ({cal.source}); "
         "memory interval: the rule under Extrapolation distance"
     )
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.plans.select import MEETS_BUDGET
+from service.report.proxy_records import ProxyChoice, ProxyDesign
 from service.report.result import CALIBRATED, PRIOR, PUBLISHED, Alternative, ProxyTrial, RunResult
 from service.run import calibration as cal
 from service.run.decide import Scored, best_cluster, score
@@ -79,19 +80,22 @@ def same_device(proxy_device: str, catalog_name: str, device_name: str) -> bool:
     return bool(device_name) and catalog_name.split("-")[0].upper() in device_name.upper()
 
 
-def time_terms_for(info: dict[str, Any], same: bool) -> dict[str, Any]:
-    """What the memo says about time terms, once it is known whether the proxies ran on the production
-    device type (only then are time terms fitted on them)."""
+def time_terms_for(design: ProxyDesign, same: bool) -> ProxyDesign:
+    """The design with what the memo says about time terms, once it is known whether the proxies ran on
+    the production device type (only then are time terms fitted on them)."""
     if not same:
-        return {"time_terms": "kept at the published-set parameters (the proxies ran on another device type)"}
-    return {
-        "time_terms": "fitted on the proxies: they ran on the production device type",
-        "identifies": [
-            *info["identifies"],
-            "time terms (efficiencies, per-step overheads) on this device type",
-        ],
-        "cannot_identify": [c for c in info["cannot_identify"] if not c.startswith("GPU time terms")],
-    }
+        why = "kept at the published-set parameters (the proxies ran on another device type)"
+        return design.model_copy(update={"time_terms": why})
+    return design.model_copy(
+        update={
+            "time_terms": "fitted on the proxies: they ran on the production device type",
+            "identifies": [
+                *design.identifies,
+                "time terms (efficiencies, per-step overheads) on this device type",
+            ],
+            "cannot_identify": [c for c in design.cannot_identify if not c.startswith("GPU time terms")],
+        }
+    )
 
 
 class Run:
@@ -161,26 +165,23 @@ class Run:
             spec.goodput,
             quantized_collectives=quantized,
         )
-        proxy_exp, proxy_info = design_proxy(spec, self.device, self.devices or None)
-        on_gpu = same_device(proxy_info["device"], spec.cluster.gpu.name, self.device_name)
-        proxy_info.update(time_terms_for(proxy_info, on_gpu))
+        proxy_exp, design = design_proxy(spec, self.device, self.devices or None)
+        on_gpu = same_device(design.device, spec.cluster.gpu.name, self.device_name)
         order = [(int(r), prior_scored.plans.row(int(r))) for r in prior_scored.selection.order]
         choices, notes = choose(order, proxy_exp, self.max_proxies)
-        proxy_info["choices"] = [
-            {"plan": c.plan.short(), "proxy": c.proxy_plan.short(), "why": c.reason} for c in choices
-        ]
-        proxy_info["skipped"] = notes
+        picked = [ProxyChoice(plan=c.plan.short(), proxy=c.proxy_plan.short(), why=c.reason) for c in choices]
+        design = time_terms_for(design, on_gpu).model_copy(update={"choices": picked, "skipped": notes})
         search, search_name = self._proxies(proxy_exp, choices)
         trials = search.trials if search else []
         source = f"proxies:{search_name or 'none'}"
-        params, cal_info = cal.calibrate(proxy_exp, trials, prior, on_gpu, source)
-        calibrated = cal_info["status"] == "calibrated"
+        params, calibration = cal.calibrate(proxy_exp, trials, prior, on_gpu, source)
+        calibrated = calibration.calibrated
         loo = cal.leave_one_out(proxy_exp, trials, prior, source) if calibrated else {}
         proxies = self._proxy_records(proxy_exp, trials, choices, prior, params if calibrated else None)
         validation = cal.validation_error(
-            proxies, loo, calibrated, time_fitted=on_gpu, on_cpu=proxy_info["device"] == "cpu"
+            proxies, loo, calibrated, time_fitted=on_gpu, on_cpu=design.device == "cpu"
         )
-        extrap = cal.extrapolation(spec, proxy_exp, proxy_info, measured=bool(validation.get("n")))
+        extrap = cal.extrapolation(spec, proxy_exp, design, measured=validation.n > 0)
         errors = cal.memory_errors(validation, calibrated)
         clusters = [spec.cluster, *(a.cluster for a in spec.alternatives)]
         scored = [
@@ -224,9 +225,9 @@ class Run:
             plans_ranked=len(main.est),
             rows=rows,
             scatter=_scatter(main),
-            proxy_design=proxy_info,
+            proxy_design=design,
             proxies=proxies,
-            calibration={**cal_info, "source": source},
+            calibration=calibration,
             proxy_validation_error=validation,
             extrapolation=extrap,
             goodput=self._goodput(main, selected),

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from service.report.proxy_records import ProxyDesign
 from service.spec.experiment import ExperimentSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
@@ -94,8 +94,8 @@ def cpu_proxy(experiment: ExperimentSpec) -> ProxySpec:
 
 def design_proxy(
     experiment: ExperimentSpec, device: str, devices: int | None = None
-) -> tuple[ExperimentSpec, dict[str, Any]]:
-    """(the experiment with the proxy that will run, a description for the memo).
+) -> tuple[ExperimentSpec, ProxyDesign]:
+    """(the experiment with the proxy that will run, its design for the memo).
 
     `device`: "cuda" when a GPU is here and the experiment asks for a CUDA proxy; anything else runs
     the CPU proxy. `devices`: GPUs here; a CUDA proxy asking for more workers gets this many.
@@ -106,20 +106,20 @@ def design_proxy(
         proxy = proxy.model_copy(update={"num_workers": devices})
     exp = experiment.model_copy(update={"proxy": proxy})
     model = experiment.model.scaled(num_layers=proxy.num_layers, hidden_scale=proxy.hidden_scale)
-    info = {
-        "device": proxy.device,
-        "gpu": experiment.cluster.gpu.name if on_gpu else "cpu",
-        "num_layers": proxy.num_layers,
-        "hidden_size": model.hidden_size,
-        "hidden_scale": proxy.hidden_scale,
-        "num_attention_heads": model.num_attention_heads,
-        "seq_len": proxy.seq_len or experiment.workload.seq_len,
-        "num_workers": proxy.num_workers,
-        "precision": proxy.precision if proxy.device == "cpu" else "the plan's",
-        "steps": proxy.steps,
-        "warmup_steps": proxy.warmup_steps,
-        "time_terms": "fitted on the proxies" if on_gpu else "kept at the published-set parameters",
-        "why": (
+    info = ProxyDesign(
+        device=proxy.device,
+        gpu=experiment.cluster.gpu.name if on_gpu else "cpu",
+        num_layers=proxy.num_layers,
+        hidden_size=model.hidden_size,
+        hidden_scale=proxy.hidden_scale,
+        num_attention_heads=model.num_attention_heads,
+        seq_len=proxy.seq_len or experiment.workload.seq_len,
+        num_workers=proxy.num_workers,
+        precision=proxy.precision if proxy.device == "cpu" else "the plan's",
+        steps=proxy.steps,
+        warmup_steps=proxy.warmup_steps,
+        time_terms="fitted on the proxies" if on_gpu else "kept at the published-set parameters",
+        why=(
             "a GPU of the production type is here: full width, fewer layers, one node"
             if on_gpu
             else (
@@ -135,9 +135,9 @@ def design_proxy(
                 f"sequence {proxy.seq_len or experiment.workload.seq_len}, {proxy.num_workers} CPU workers"
             )
         ),
-        "identifies": IDENTIFIES_GPU if on_gpu else IDENTIFIES_CPU,
-        "cannot_identify": CANNOT_IDENTIFY_GPU if on_gpu else CANNOT_IDENTIFY_CPU,
-    }
+        identifies=IDENTIFIES_GPU if on_gpu else IDENTIFIES_CPU,
+        cannot_identify=CANNOT_IDENTIFY_GPU if on_gpu else CANNOT_IDENTIFY_CPU,
+    )
     return exp, info
 
 

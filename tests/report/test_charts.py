@@ -67,7 +67,7 @@ def _with_cpu_proxies(r: RunResult) -> RunResult:
                 trial("dp2-tp1-pp1-z3-mb1-ga4-rc:none", "ok", 120.0, 40.0),
                 trial("dp1-tp2-pp1-z1-mb1-ga8-rc:none", "failed", 0.0, 0.0),
             ],
-            "proxy_design": {**r.proxy_design, "device": "cpu", "gpu": "cpu"},
+            "proxy_design": r.proxy_design.model_copy(update={"device": "cpu", "gpu": "cpu"}),
         }
     )
 

@@ -18,7 +18,7 @@ def test_no_proxies_means_no_calibrated_tag(tmp_path: Path) -> None:
     result = Run(
         tiny_experiment(tmp_path, "no-proxies"), storage_path=tmp_path / "out", run_proxies=False
     ).fit()
-    assert result.calibration["status"].startswith("not calibrated") and result.proxies == []
+    assert result.calibration.status.startswith("not calibrated") and result.proxies == []
     assert result.rows
     tags = {getattr(row, name).tag for row in result.rows for name in ("tokens_per_s", "hours", "dollars")}
     tags |= {row.memory_per_gpu_bytes.tag for row in result.rows}

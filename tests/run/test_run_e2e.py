@@ -28,16 +28,16 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     assert len(r.proxies) == 2 and ok, [(p.proxy_label, p.status, p.reason) for p in r.proxies]
     # tiny-cpu's production cluster is CPU workers: the proxies ran on its device type, so time terms are
     # fitted too (after the memory term)
-    assert r.calibration["status"] == "calibrated" and r.calibration["fitted"][0] == "activation_memory_scale"
-    assert "gemm_efficiency_scale" in r.calibration["fitted"]
+    assert r.calibration.calibrated and r.calibration.fitted[0] == "activation_memory_scale"
+    assert "gemm_efficiency_scale" in r.calibration.fitted and r.calibration.source.startswith("proxies:")
     assert r.predicted["tokens_per_s"]["tag"] == "calibrated on proxies"
     from service.run.pipeline import time_provenance
     from service.spec.params import ModelParams, load_params
 
     assert time_provenance(False, load_params()) == "fit on published runs"  # the shipped set
     assert time_provenance(False, ModelParams()) == "analytical prior"  # fit on nothing
-    err = r.proxy_validation_error["activation_bytes_per_rank"]
-    assert err["calibrated"] is not None and err["calibrated"] < 0.10
+    err = r.proxy_validation_error.activation_bytes_per_rank
+    assert err.calibrated is not None and err.calibrated < 0.10
     ds = json.loads(Path(r.ds_config_path).read_text())
     plan = r.selected_plan
     assert ds["train_micro_batch_size_per_gpu"] == plan["micro_batch"]

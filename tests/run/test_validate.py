@@ -21,7 +21,7 @@ def test_cpu_proxy_of_13b_is_narrow_short_and_keeps_heads() -> None:
     assert hidden <= 256 and hidden % EXPERIMENT.model.num_attention_heads == 0
     assert proxy.seq_len == 256 and proxy.vocab_size == EXPERIMENT.model.vocab_size // proxy.hidden_scale
     exp, info = design_proxy(EXPERIMENT, "cuda")  # the experiment asks for a CUDA proxy: kept as is
-    assert exp.proxy == EXPERIMENT.proxy and info["device"] == "cuda"
+    assert exp.proxy == EXPERIMENT.proxy and info.device == "cuda"
     one, _ = design_proxy(EXPERIMENT, "cuda", devices=1)  # a one-GPU machine: one worker per trial
     assert one.proxy.num_workers == 1 and one.proxy.num_layers == EXPERIMENT.proxy.num_layers
     tiny = load_experiment(REPO / "experiments" / "tiny-cpu.yaml")
@@ -89,10 +89,10 @@ def test_choice_covers_the_families_with_distinct_runnable_proxies() -> None:
 def test_the_proxy_error_note_says_what_the_proxies_could_tell() -> None:
     from service.run.calibration import validation_error
 
-    gpu_run = validation_error([], {}, calibrated=True, time_fitted=True, on_cpu=False)["note"]
+    gpu_run = validation_error([], {}, calibrated=True, time_fitted=True, on_cpu=False).note
     assert "time terms are fitted on them" in gpu_run and "device's" in gpu_run
     assert "says nothing" not in gpu_run and "RSS" not in gpu_run
-    cpu_for_gpu = validation_error([], {}, calibrated=True, time_fitted=False, on_cpu=True)["note"]
+    cpu_for_gpu = validation_error([], {}, calibrated=True, time_fitted=False, on_cpu=True).note
     assert "says nothing about the production GPU" in cpu_for_gpu and "RSS" in cpu_for_gpu
 
 
