@@ -19,6 +19,7 @@ from service.report.memo_goodput import goodput_blocks
 from service.report.memo_outputs import outputs
 from service.report.render import Block, to_html, to_markdown
 from service.report.result import CALIBRATED, MEASURED, PRIOR, PUBLISHED, Interval, PlanRow, RunResult
+from service.spec.plan import Plan
 from service.spec.units import GIB
 
 SHORT_TAG = {PRIOR: "prior", PUBLISHED: "published fit", CALIBRATED: "calibrated", MEASURED: "measured"}
@@ -50,19 +51,16 @@ def with_interval(iv: Interval, fmt: Any, unit: str = "") -> str:
     return f"{fmt(iv.value)}{unit} (80 %: {fmt(iv.low)}–{fmt(iv.high)}{unit}) {tag(iv.tag)}"
 
 
-def _plan_words(p: dict[str, Any]) -> str:
-    offload = [
-        n for n, k in (("optimizer", "offload_optimizer"), ("parameters", "offload_params")) if p.get(k)
-    ]
-    shape = f"dp {p['dp']} × tp {p['tp']} × pp {p['pp']}"
-    shape += f" × cp {p['cp']}" if p.get("cp", 1) > 1 else ""
-    shape += f", experts split over ep {p['ep']}" if p.get("ep", 1) > 1 else ""
-    shape += f" and expert tp {p['expert_tp']}" if p.get("expert_tp", 1) > 1 else ""
+def _plan_words(p: Plan) -> str:
+    offload = [n for n, on in (("optimizer", p.offload_optimizer), ("parameters", p.offload_params)) if on]
+    shape = f"dp {p.dp} × tp {p.tp} × pp {p.pp}"
+    shape += f" × cp {p.cp}" if p.cp > 1 else ""
+    shape += f", experts split over ep {p.ep}" if p.ep > 1 else ""
+    shape += f" and expert tp {p.expert_tp}" if p.expert_tp > 1 else ""
     return (
-        f"{shape}, ZeRO-{p['zero_stage']}, "
-        f"micro-batch {p['micro_batch']} × "
-        f"{p['grad_accum']} accumulation steps, recompute {p['recompute']}, "
-        f"{'offload of ' + ' and '.join(offload) if offload else 'no offload'}, {p['precision']}"
+        f"{shape}, ZeRO-{p.zero_stage}, micro-batch {p.micro_batch} × {p.grad_accum} accumulation steps, "
+        f"recompute {p.recompute}, {'offload of ' + ' and '.join(offload) if offload else 'no offload'}, "
+        f"{p.precision}"
     )
 
 

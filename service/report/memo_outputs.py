@@ -11,8 +11,10 @@ def own_script_note(r: RunResult) -> str:
     """What a training script must do for the shipped config to hold: DeepSpeed checks train_batch_size
     against micro-batch × accumulation × its data-parallel size, which is the world size unless the
     script passes an `mpu` (tensor-parallel groups) or a PipelineModule."""
-    plan = r.selected_plan or {}
-    tp, pp, cp, dp = (int(plan.get(k, 1)) for k in ("tp", "pp", "cp", "dp"))
+    plan = r.selected_plan
+    if plan is None:
+        return ""
+    tp, pp, cp, dp = plan.tp, plan.pp, plan.cp, plan.dp
     if tp == pp == cp == 1:
         return ""
     parts = [f"{tp}-way tensor-parallel layers and passes their `mpu`"] if tp > 1 else []

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.report.proxy_records import Calibration, ProxyDesign, ProxyValidation
+from service.spec.plan import Plan
 from service.spec.record import Metrics
 from service.spec.units import GIB
 
@@ -56,7 +57,7 @@ class PlanRow(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     label: str
-    plan: dict[str, Any]
+    plan: Plan
     gpu: str
     num_gpus: int
     rank: int | None
@@ -254,7 +255,7 @@ class RunResult(BaseModel):
     budget: dict[str, Any]
     cluster: dict[str, Any]
     created: str
-    selected_plan: dict[str, Any] | None
+    selected_plan: Plan | None
     selected_label: str | None
     predicted: dict[str, Any]  # tokens_per_s, hours, dollars, memory_per_gpu_bytes: {value, interval, tag}
     message: str

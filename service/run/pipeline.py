@@ -289,7 +289,7 @@ class Run:
         if selected is None:
             return None
         plan = selected.plan
-        ckpt = checkpoint_bytes(self.spec.model, plan["precision"])
+        ckpt = checkpoint_bytes(self.spec.model, plan.precision)
         return goodput_record(selected.hours_no_failures, main.cluster.num_gpus, ckpt, self.spec.goodput)
 
 

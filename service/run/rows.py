@@ -121,7 +121,7 @@ def plan_row(
     rank_hits = np.flatnonzero(s.selection.order == row)
     return PlanRow(
         label=plan.short(),
-        plan=plan.model_dump(),
+        plan=plan,
         gpu=s.cluster.gpu.name,
         num_gpus=s.cluster.num_gpus,
         rank=int(rank_hits[0]) + 1 if len(rank_hits) else None,

@@ -101,7 +101,7 @@ def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan
     sel_label = plan_only.selected_label
     assert plan_only.ties is not None and sel_label in plan_only.ties.members
     assert "wins the tie" in plan_only.ties.note and "A/B" in plan_only.ties.note
-    offload_rows = [r for r in plan_only.rows if r.plan["offload_params"] or r.plan["offload_optimizer"]]
+    offload_rows = [r for r in plan_only.rows if r.plan.offload_params or r.plan.offload_optimizer]
     assert offload_rows and all(r.status != "tied" for r in offload_rows)
     assert all("offloads to host memory" in r.why for r in offload_rows if r.status == "riskier")
     ev = plan_only.evidence
@@ -141,9 +141,10 @@ def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path:
 def test_own_script_note_says_what_the_config_needs_from_train_py() -> None:
     from service.report.memo_outputs import own_script_note
     from service.report.result import RunResult
+    from service.spec.plan import Plan
 
     def note(**layout: int) -> str:
-        plan = {"dp": 32, "tp": 1, "pp": 1, "cp": 1, **layout}
+        plan = Plan(**{"dp": 32, "micro_batch": 1, "grad_accum": 4, **layout})
         return own_script_note(RunResult.model_construct(selected_plan=plan))
 
     assert note() == ""  # plain data parallelism: DeepSpeed's dp is the world size

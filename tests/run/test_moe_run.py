@@ -22,7 +22,7 @@ def moe_run(tmp_path_factory):
 
 def test_the_choice_is_an_expert_parallel_plan_with_its_families(moe_run):
     x = moe_run.experts
-    assert x is not None and moe_run.selected_plan["ep"] == x.ep
+    assert x is not None and moe_run.selected_plan.ep == x.ep
     assert f"-ep{x.ep}-" in moe_run.selected_label or x.ep == 1
     degrees = [f.ep for f in x.families]
     assert len(degrees) == len(set(degrees)) >= 3 and x.ep in degrees

@@ -40,9 +40,9 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     assert err.calibrated is not None and err.calibrated < 0.10
     ds = json.loads(Path(r.ds_config_path).read_text())
     plan = r.selected_plan
-    assert ds["train_micro_batch_size_per_gpu"] == plan["micro_batch"]
-    assert ds["gradient_accumulation_steps"] == plan["grad_accum"]
-    assert ds["zero_optimization"]["stage"] == plan["zero_stage"]
+    assert ds["train_micro_batch_size_per_gpu"] == plan.micro_batch
+    assert ds["gradient_accumulation_steps"] == plan.grad_accum
+    assert ds["zero_optimization"]["stage"] == plan.zero_stage
     assert r.deepspeed_command.startswith("deepspeed ") and r.ds_config_path in r.deepspeed_command
     assert r.launch_command.endswith(f"service train {tiny_run.experiment} --plan {r.selected_label}")
     launch = (tiny_run.out / "launch.sh").read_text()
