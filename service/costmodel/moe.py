@@ -167,8 +167,9 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     top-k gating keeps fp32 probabilities and one fp32 one-hot mask per chosen expert, E·4·(1 + k), a
     boolean mask and the gate values and indices (12k + 16); a grouped layer the fp32 logits and
     probabilities and a boolean routing map, 9E (Megatron-Core router.py, moe_utils.py). Measured on the
-    DeepSpeed proxy within 0.1 % (tests/train/test_moe_proxy.py). Without recompute; full recompute keeps
-    none of them between forward and backward (`stage_memory`)."""
+    DeepSpeed proxy within 0.1 % (tests/train/test_moe_proxy.py). In FP8, Transformer Engine's grouped
+    GEMMs keep their inputs (the permuted token, fc2's input) in 1 byte. Without recompute; full
+    recompute keeps none of them between forward and backward (`stage_memory`)."""
     moe = model.moe
     assert moe is not None
     h, f, k, e = model.hidden_size, moe.expert_ffn_hidden_size, moe.experts_per_token, moe.num_experts
@@ -176,7 +177,12 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     fused = _engine_field("transformer_engine")[p.engine]
     swiglu = np.where(fused, 3.0, 4.0) if model.mlp == "swiglu" else 2.0
     inputs = np.where(deepspeed & (p.ep > 1), 2.0, 1.0)
-    per_slot = d * (swiglu * f / p.expert_tp + inputs * h) + np.where(deepspeed, 8.0, 0.0)
+    # TE's grouped GEMMs in FP8 save their inputs cast (1 byte): fc1's, the permuted token, and fc2's, f
+    # of the fused SwiGLU's 3f (transformer_engine/pytorch/module/grouped_linear.py saves the quantized
+    # `inputmats`), as `memory.te_layer_bytes_per_token` counts the dense GEMMs' inputs.
+    g = np.where(fused & (np.asarray(p.precision) == mem.PRECISION_FP8), 1.0, d)
+    mlp = (d * (swiglu - 1) + g) * f / p.expert_tp
+    per_slot = mlp + g * inputs * h + np.where(deepspeed, 8.0, 0.0)
     router = np.where(deepspeed, ROUTER_BYTES * e * (1 + k) + e + 12 * k + 16, 9.0 * e)
     return np.asarray(k * load * per_slot + d * k * h + router, dtype=float)
 

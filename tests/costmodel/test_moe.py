@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from service.catalog import load_model
 from service.costmodel import moe
 from service.costmodel.estimate import estimate
 from service.costmodel.flops import matmul_params, model_flops_per_token
@@ -145,3 +146,23 @@ def test_bad_expert_layouts_name_the_field(model, plan, field, fragment):
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1)
     problem = plan_problem(Plan.model_construct(**{**Plan().model_dump(), **plan}), model, cluster)
     assert problem is not None and problem[0] == field and fragment in problem[1], problem
+
+
+def test_fp8_keeps_the_grouped_gemm_inputs_in_one_byte():
+    """Transformer Engine's grouped GEMMs in FP8 save fc1's input (the permuted token, h) and fc2's (f)
+    cast to 1 byte; the fused SwiGLU's fc1 output (2f) and the combine's inputs stay in bf16."""
+    from service.costmodel.moe import activation_bytes_per_token_per_moe_layer
+
+    model = load_model("qwen3-30b-a3b")
+    moe = model.moe
+    assert moe is not None
+    plans = PlanTable.from_plans(
+        [
+            Plan(dp=8, ep=8, micro_batch=1, grad_accum=1, zero_stage=1, engine="megatron", precision=p)
+            for p in ("bf16", "fp8")
+        ]
+    )
+    bf16, fp8 = activation_bytes_per_token_per_moe_layer(model, plans, 2.0, 1.0)
+    k, f, h = moe.experts_per_token, moe.expert_ffn_hidden_size, model.hidden_size
+    assert bf16 - fp8 == pytest.approx(k * (f + h))  # one byte saved per element of both inputs
+    assert fp8 > k * (2 * 2 * f + f + h)  # the fc1 output stays in bf16
