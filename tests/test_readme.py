@@ -28,7 +28,7 @@ def test_readme_has_a_python_block() -> None:
 @pytest.mark.parametrize("block", python_blocks())
 def test_readme_python_block_runs(block: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from service.report.result import RunResult
-    from service.run.pipeline import Run
+    from service.run.job import Run
     from service.search.driver import Search
     from service.search.result import SearchResult, TrialRecord
 

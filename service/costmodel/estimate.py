@@ -7,7 +7,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel import comm, compute, context, data_parallel, fp8, moe, pipeline, tensor_parallel
+from service.costmodel import (
+    comm,
+    compute,
+    context,
+    data_parallel,
+    fp8,
+    moe,
+    pipeline_parallel,
+    tensor_parallel,
+)
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel import recompute as checkpointing
@@ -272,7 +281,7 @@ def _times(
     # with v model chunks per stage cuts the bubble to (pp − 1)/v slots (the slot's chunk compute is 1/v
     # of the stage's, so the bubble is (pp − 1)/v · slot).
     v = p.virtual_stages
-    pp_mb = pipeline.pp_comm_per_micro_batch_s(
+    pp_mb = pipeline_parallel.pp_comm_per_micro_batch_s(
         cluster, p, tokens * model.hidden_size * d, gpu, net, fwd + bwd, contention
     )
     # The dispatch and combine all-to-alls run forward, backward and in a fully recomputed forward;

@@ -21,7 +21,7 @@ MIB = 2**20
 
 
 def _plan_only(tmp: Path, experiment: str) -> RunResult:
-    from service.run.pipeline import Run
+    from service.run.job import Run
 
     data = yaml.safe_load((REPO / "experiments" / experiment).read_text())
     data["tracking"] = {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "buffer_dir": str(tmp / "pending")}

@@ -30,7 +30,7 @@ def _score(budget: Budget, cluster: ClusterSpec | None = None, model: str = "lla
 
 def _run_without_proxies(tmp_path: Path, **budget: float):
     """`run` on the seed experiment with the analytical prior and no proxies, tracked under tmp_path."""
-    from service.run.pipeline import Run
+    from service.run.job import Run
 
     data = yaml.safe_load(EXPERIMENT.read_text())
     data["budget"].update(budget)
