@@ -14,6 +14,8 @@ from typing import Any, get_args
 
 from service.cli.args import finite_float
 from service.cli.args import positive_int as _positive_int
+from service.spec.engine import Engine
+from service.spec.plan import Precision, Recompute, ZeroStage
 from service.spec.workload import SelectiveRecompute
 
 # plan_problem's field -> the flag a user of this command would change.
@@ -89,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--engine",
-        choices=("deepspeed", "fsdp", "megatron"),
+        choices=get_args(Engine),
         default="deepspeed",
         help="What runs the plan: deepspeed (default; the service runs it), or fsdp / megatron, scored "
         "analytically under their own rules.",
@@ -101,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Interleaved 1F1B model chunks per pipeline stage (megatron and fsdp; deepspeed runs plain "
         "1F1B; default 1).",
     )
-    a("--zero", type=int, choices=(0, 1, 2, 3), default=0, help="ZeRO stage.")
+    a("--zero", type=int, choices=get_args(ZeroStage), default=0, help="ZeRO stage.")
     a("--offload-optimizer", action="store_true", help="Optimizer states and step on CPU (ZeRO 1-3).")
     a("--offload-params", action="store_true", help="Parameters on CPU between uses (ZeRO 3).")
     a(
@@ -121,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--micro-batch", type=_positive_int, default=1, help="Sequences per micro-batch per DP rank.")
     a("--grad-accum", type=_positive_int, default=1, help="Micro-batches per optimizer step.")
     a("--seq-len", type=_positive_int, default=4096, help="Tokens per sequence (default 4096).")
-    a("--recompute", choices=("none", "selective", "full"), default="none", help="Activation recompute.")
+    a("--recompute", choices=get_args(Recompute), default="none", help="Activation recompute.")
     a("--sequence-parallel", action="store_true", help="Shard norm/dropout activations over TP (tp > 1).")
     a(
         "--comm-overlap",
@@ -135,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--precision",
-        choices=("bf16", "fp16", "fp32", "fp8"),
+        choices=get_args(Precision),
         default="bf16",
         help="Compute precision (default bf16; fp8 = Transformer Engine FP8 GEMMs, GPUs with FP8 only).",
     )

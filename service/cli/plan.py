@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
+from service.spec.plan import Precision
 from service.spec.units import GIB
 
 
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=("bf16", "fp16", "fp32", "fp8"),
+        choices=get_args(Precision),
         default="bf16",
         help="Compute precision (default bf16).",
     )

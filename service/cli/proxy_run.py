@@ -12,20 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import get_args
 
 from pydantic import ValidationError
 
 from service.cli.args import positive_int
 from service.spec.errors import SpecError, from_validation_error
 from service.spec.experiment import ExperimentSpec, load_experiment
-from service.spec.plan import Plan
+from service.spec.plan import Plan, Precision, Recompute, ZeroStage
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help="experiment YAML (its proxy section sets the scale)")
     parser.add_argument("--tp", type=positive_int, required=True, help="tensor-parallel degree")
     parser.add_argument("--pp", type=positive_int, required=True, help="pipeline stages")
-    parser.add_argument("--zero", type=int, required=True, choices=(0, 1, 2, 3), help="ZeRO stage")
+    parser.add_argument("--zero", type=int, required=True, choices=get_args(ZeroStage), help="ZeRO stage")
     parser.add_argument(
         "--ep", type=positive_int, default=1, help="expert-parallel degree (MoE models; default 1)"
     )
@@ -37,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grad-accum", type=positive_int, required=True, help="micro-batches per optimizer step"
     )
-    parser.add_argument("--recompute", required=True, choices=("none", "selective", "full"))
+    parser.add_argument("--recompute", required=True, choices=get_args(Recompute))
     parser.add_argument(
         "--precision",
-        choices=("bf16", "fp16", "fp32"),
+        choices=tuple(p for p in get_args(Precision) if p != "fp8"),  # proxies run no FP8 GEMMs
         default="bf16",
         help="the plan's precision (a CPU proxy computes in proxy.precision)",
     )

@@ -18,6 +18,7 @@ from service.spec.workload import Workload
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+ZeroStage = Literal[0, 1, 2, 3]
 
 
 class Plan(BaseModel):
@@ -59,9 +60,7 @@ class Plan(BaseModel):
         "pipelines); DeepSpeed runs plain 1F1B (1). The bubble shrinks by this factor, pipeline traffic "
         "grows by it.",
     )
-    zero_stage: Literal[0, 1, 2, 3] = Field(
-        0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params."
-    )
+    zero_stage: ZeroStage = Field(0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params.")
     offload_optimizer: bool = Field(False, description="Optimizer states and step on CPU (ZeRO-Offload).")
     offload_params: bool = Field(
         False, description="Parameters on CPU between uses (ZeRO-Infinity, stage 3)."
