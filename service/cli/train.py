@@ -10,8 +10,8 @@ the last step and every N steps (default: Young's interval over the predicted st
 goodput section). It trains the experiment's model from random initialisation on the proxy section's
 `data` (seeded synthetic tokens by default, or a file of token ids): it proves the layout, memory and
 speed at full scale. With `--weights CKPT` (a local Hugging Face checkpoint folder whose config.json
-matches the experiment's model, with its tokenizer) it fine-tunes those weights instead (plans with
-cp = 1; ZeRO-3 partitions them at load, tp and pp ranks read only their slices and layers), on
+matches the experiment's model, with its tokenizer) it fine-tunes those weights instead (ZeRO-3
+partitions them at load, tp and pp ranks read only their slices and layers, cp ranks the whole model), on
 `--data` (local JSON-lines, Parquet or Arrow files with a `text` field or prompt/completion pairs, the loss
 on the completion only), holding out
 `--eval-fraction` of the packed sequences for an evaluation loss every `--eval-every` steps and at the

@@ -209,18 +209,59 @@ class PackedExamples:
         return np.asarray(self.blocks[index], dtype=np.int64)
 
 
+def _cp_group(model: torch.nn.Module) -> Any:
+    """The context-parallel group of a model (an engine or its module), or None."""
+    return getattr(getattr(model, "module", model), "cp_group", None)
+
+
+def _targets(model: torch.nn.Module, labels: torch.Tensor, local: int | None) -> torch.Tensor:
+    """The labels this rank's logits predict: the whole shifted labels, or with context parallelism
+    those of its chunk of `local` positions (a chunk's last position predicts the next chunk's first)."""
+    group = _cp_group(model)
+    if group is None or local is None:
+        return labels[:, 1:]
+    import torch.distributed as dist
+
+    start = dist.get_rank(group) * local
+    return labels[:, start + 1 : start + local + 1]
+
+
 def labelled_loss(model: torch.nn.Module, batch: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy of a `(b, 2, seq_len)` batch (ids, labels), prompt tokens (−100) ignored."""
+    """Next-token cross-entropy of a `(b, 2, seq_len)` batch (ids, labels), prompt tokens (−100) ignored.
+
+    With context parallelism each rank's logits cover its chunk of the sequence: "sum" is its chunk's
+    share, and "mean" that share × cp over the whole sequence's targets, so that the mean over the cp
+    ranks (DeepSpeed averages their gradients, the worker their losses) is the unsharded mean, as
+    `context_parallel.context_parallel_loss` does for unlabelled text."""
     out = model(input_ids=batch[:, 0], use_cache=False)
     logits = out if isinstance(out, torch.Tensor) else out.logits
-    shift_logits = logits[:, :-1, :].float()
-    shift_labels = batch[:, 1, 1:]
-    return torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)),
-        shift_labels.reshape(-1),
+    group = _cp_group(model)
+    targets = _targets(model, batch[:, 1], logits.shape[1] if group is not None else None)
+    predicted = logits[:, : targets.shape[1], :].float()
+    total = torch.nn.functional.cross_entropy(
+        predicted.reshape(-1, predicted.size(-1)),
+        targets.reshape(-1),
         ignore_index=IGNORE_INDEX,
-        reduction=reduction,
+        reduction="sum" if group is not None or reduction == "sum" else reduction,
     )
+    if group is None or reduction == "sum":
+        return total
+    import torch.distributed as dist
+
+    whole = (batch[:, 1, 1:] != IGNORE_INDEX).sum().clamp(min=1)
+    return total * dist.get_world_size(group) / whole
+
+
+def target_count(model: torch.nn.Module, batch: torch.Tensor) -> int:
+    """Targets (labels other than −100) that `labelled_loss(model, batch, "sum")` sums over on this rank."""
+    labels = batch[:, 1]
+    group = _cp_group(model)
+    if group is None:
+        return int((labels[:, 1:] != IGNORE_INDEX).sum())
+    import torch.distributed as dist
+
+    local = labels.shape[1] // dist.get_world_size(group)
+    return int((_targets(model, labels, local) != IGNORE_INDEX).sum())
 
 
 def evaluate(engine: Any, split: PackedExamples, dp_rank: int, dp_size: int, micro_batch: int) -> float:
@@ -247,7 +288,7 @@ def evaluate(engine: Any, split: PackedExamples, dp_rank: int, dp_size: int, mic
                 loss_sum = labelled_loss(engine, batch, reduction="sum")
                 if chunk:
                     totals[0] += float(loss_sum)
-                    totals[1] += float((batch[:, 1, 1:] != IGNORE_INDEX).sum())
+                    totals[1] += target_count(engine, batch)  # a context-parallel rank's: its chunk's
     finally:
         engine.module.train(was_training)
     if dist.get_backend() == "nccl":

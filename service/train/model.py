@@ -273,16 +273,21 @@ def _reentrant_checkpoint(function: Any, *args: torch.Tensor) -> Any:
 
 
 def build_model(
-    spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype, weights: str | None = None
+    spec: ModelSpec,
+    seed: int,
+    plan: Plan,
+    dtype: torch.dtype,
+    weights: str | None = None,
+    ds_config: dict[str, Any] | None = None,
 ) -> tuple[torch.nn.Module, Any]:
     """The proxy model of `plan` as stages, and the DeepSpeed `mpu` that names its groups (tp > 1 or pp > 1;
     None for a `PipelineModule`, whose engine reads them from the module).
 
-    With `weights` (a local Hugging Face checkpoint; tp > 1 or pp > 1, cp = 1) the model is the
-    checkpoint's, each rank reading only its slices (`weights.load_tensor_parallel`) or, with pp > 1, only
-    its stage's layers (`weights_pp.PipelineCheckpoint`: the stages are `LayerSpec`s that the
-    `PipelineModule` builds and fills where they run), and the stack or pipeline keeps the
-    LlamaForCausalLM (`hf_model`) for the export.
+    With `weights` (a local Hugging Face checkpoint; tp, pp or cp > 1) the model is the checkpoint's,
+    each rank reading only its slices (`weights.load_tensor_parallel`), with cp > 1 and tp = 1 the whole
+    model, or, with pp > 1, only its stage's layers (`weights_pp.PipelineCheckpoint`: the stages are
+    `LayerSpec`s that the `PipelineModule` builds and fills where they run), and the stack or pipeline
+    keeps the LlamaForCausalLM (`hf_model`) for the export.
 
     The full model is built on every rank with the same seed (so the weights equal a tp = pp = 1 run's);
     each TP rank keeps its slices (`apply_tensor_parallel`) and, with pp > 1, each stage its own layers
@@ -300,12 +305,10 @@ def build_model(
         raise ValueError(
             "pipeline or tensor-parallel proxies of models with tied embeddings are not supported"
         )
-    if weights is not None and ((plan.tp == 1 and plan.pp == 1) or plan.cp > 1):
-        raise ValueError(
-            f"weights load into tensor- or pipeline-parallel stages with cp = 1, not {plan.short()}"
-        )
+    if weights is not None and plan.tp == 1 and plan.pp == 1 and plan.cp == 1:
+        raise ValueError(f"weights load into tp, pp or cp stages; not {plan.short()}")
     if plan.cp > 1:
-        return _build_context_parallel(spec, seed, plan, dtype)
+        return _build_context_parallel(spec, seed, plan, dtype, weights, ds_config or {})
     topology = PipeModelDataParallelTopology(num_pp=plan.pp, num_mp=plan.tp, num_dp=plan.dp)
     grid = PipelineParallelGrid(topology=topology)
     sp_group = grid.get_slice_parallel_group() if plan.tp > 1 and plan.sequence_parallel else None
@@ -353,19 +356,41 @@ def _built_here(typename: type, *args: Any) -> torch.nn.Module:
     return typename(*args)  # type: ignore[no-any-return]
 
 
-def _build_context_parallel(spec: ModelSpec, seed: int, plan: Plan, dtype: torch.dtype) -> tuple[Any, Any]:
+def _build_context_parallel(
+    spec: ModelSpec,
+    seed: int,
+    plan: Plan,
+    dtype: torch.dtype,
+    weights: str | None = None,
+    ds_config: dict[str, Any] | None = None,
+) -> tuple[Any, Any]:
     """`build_model` for cp > 1: DeepSpeed-Ulysses attention (service.train.context_parallel) in every
     layer, tensor-parallel layers when tp > 1; pp = 1 and no Megatron SP (the proxy runs neither with
-    Ulysses; DeepSpeed's `PipelineParallelGrid` has no sequence axis)."""
+    Ulysses; DeepSpeed's `PipelineParallelGrid` has no sequence axis). With `weights`, the checkpoint:
+    each TP rank's slices, or the whole model (Ulysses splits the sequence, not the weights), partitioned
+    at load under ZeRO-3 (`ds_config`: `weights.load_causal_lm`'s zero.Init path)."""
     from service.train.context_parallel import UlyssesGroups, ulysses_attention_forward
 
     if plan.pp > 1 or plan.sequence_parallel:
         raise ValueError("context-parallel proxies run with pp = 1 and without sequence_parallel")
     groups = UlyssesGroups(plan.dp, plan.cp, plan.tp)
     cp_group = groups.get_sequence_parallel_group()
-    lm = build_causal_lm(spec, seed, dtype, plan=plan)
-    if plan.tp > 1:
-        apply_tensor_parallel(lm, groups.get_model_parallel_group(), sequence_parallel=False)
+    if weights is not None and plan.tp > 1:
+        from service.train.weights import load_tensor_parallel
+
+        lm = load_tensor_parallel(weights, groups.get_model_parallel_group(), False, dtype)
+    elif weights is not None:
+        from service.train.weights import load_causal_lm
+
+        # Under ZeRO-3, zero.Init partitions at load over every rank, as ZeRO-3 then does over the
+        # dp·cp ranks (tp = 1 here); without the `mpu` DeepSpeed's batch check would count the cp ranks
+        # as data-parallel, so the global batch is left for it to derive.
+        config = {k: v for k, v in (ds_config or {}).items() if k != "train_batch_size"}
+        lm = load_causal_lm(weights, config, dtype)
+    else:
+        lm = build_causal_lm(spec, seed, dtype, plan=plan)
+        if plan.tp > 1:
+            apply_tensor_parallel(lm, groups.get_model_parallel_group(), sequence_parallel=False)
     for layer in lm.model.layers:  # type: ignore[union-attr]
         layer.self_attn.forward = ulysses_attention_forward(layer.self_attn, cp_group)
     if plan.recompute == "selective":
@@ -374,7 +399,8 @@ def _build_context_parallel(spec: ModelSpec, seed: int, plan: Plan, dtype: torch
         _Embed(lm, cp_group=cp_group),
         *(_Layer(lm, i, cp_group=cp_group) for i in range(spec.num_layers)),
     ]
-    return _Stack([*stages, _Head(lm)], plan.recompute == "full", cp_group), groups
+    hf_model = lm if weights is not None else None
+    return _Stack([*stages, _Head(lm)], plan.recompute == "full", cp_group, hf_model), groups
 
 
 def forward_loss(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:

@@ -73,9 +73,9 @@ class FineTune(BaseModel):
 
 
 def check_layout(plan: Plan, model: ModelSpec | None = None) -> None:
-    """Weights load into data-parallel (ZeRO 0-3), tensor-parallel and pipeline-parallel layouts; not yet
-    into context-parallel ones, nor a tied embedding into tensor- or pipeline-parallel ones, nor a MoE
-    model's experts into DeepSpeed's MoE layers (the loaders read Llama checkpoints)."""
+    """Weights load into data-parallel (ZeRO 0-3), tensor-, pipeline- and context-parallel layouts; not a
+    tied embedding into tensor- or pipeline-parallel ones, nor a MoE model's experts into DeepSpeed's MoE
+    layers (the loaders read Llama checkpoints)."""
     if model is not None and model.moe is not None:
         raise SpecError(
             "--weights",
@@ -88,12 +88,6 @@ def check_layout(plan: Plan, model: ModelSpec | None = None) -> None:
             f"the model ties its embeddings (model.tie_word_embeddings), which the tensor-parallel layers do "
             f"not split nor the pipeline stages share (plan {plan.short()} has tp={plan.tp}, pp={plan.pp}); "
             "pick a plan with tp=1 and pp=1",
-        )
-    if plan.cp > 1:
-        raise SpecError(
-            "--weights",
-            f"loading weights into context-parallel layouts is not supported yet (plan {plan.short()} has "
-            f"cp={plan.cp}); pick a plan with cp=1",
         )
 
 
@@ -380,7 +374,15 @@ def probe_logits(module: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tens
             out = module(input_ids=input_ids, use_cache=False)
     finally:
         module.train(was_training)
-    return (out if isinstance(out, torch.Tensor) else out.logits).float().cpu()
+    logits = out if isinstance(out, torch.Tensor) else out.logits
+    cp_group = getattr(module, "cp_group", None)
+    if cp_group is not None:  # each context-parallel rank holds its chunk of the sequence
+        import torch.distributed as dist
+
+        chunks = [torch.empty_like(logits) for _ in range(dist.get_world_size(group=cp_group))]
+        dist.all_gather(chunks, logits.contiguous(), group=cp_group)
+        logits = torch.cat(chunks, dim=1)
+    return logits.float().cpu()
 
 
 def export_hf(engine: Any, finetune: FineTune, rank: int, probe: torch.Tensor | None = None) -> None:
@@ -389,7 +391,7 @@ def export_hf(engine: Any, finetune: FineTune, rank: int, probe: torch.Tensor | 
     import torch.distributed as dist
 
     module = engine.module
-    lm = getattr(module, "hf_model", None)  # the TP stack's or the pipeline's LlamaForCausalLM (model.py)
+    lm = getattr(module, "hf_model", None)  # the TP / CP stack's or the pipeline's LlamaForCausalLM
     if lm is not None and getattr(engine, "is_pipe_parallel", False):
         from service.train.weights_pp import pipeline_logits, pipeline_state_dict
 
@@ -397,8 +399,10 @@ def export_hf(engine: Any, finetune: FineTune, rank: int, probe: torch.Tensor | 
         state = pipeline_state_dict(module, rank)
     else:
         logits = probe_logits(module, probe.to(engine.device)) if probe is not None else None
-        if lm is not None:
+        if lm is not None and tensor_parallel_shards(lm):
             state = tensor_parallel_state_dict(lm, rank)
+        elif lm is not None:  # the context-parallel stack's model: whole on every rank, or ZeRO-3 shards
+            state = gathered_state_dict(lm, rank)
         else:
             lm, state = module, gathered_state_dict(module, rank)
     if rank == 0:

@@ -73,8 +73,8 @@ def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str
     dtype = torch.float16 if ds_config["fp16"]["enabled"] else dtype
     mpu = None
     if cfg.plan.pp > 1 or cfg.plan.tp > 1 or cfg.plan.cp > 1:
-        weights = cfg.finetune.weights if cfg.finetune is not None else None  # cp = 1 only (check_layout)
-        model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype, weights)
+        weights = cfg.finetune.weights if cfg.finetune is not None else None
+        model, mpu = build_model(cfg.model, cfg.proxy.seed, cfg.plan, dtype, weights, ds_config)
     elif cfg.finetune is not None:  # the user's checkpoint (partitioned at load under ZeRO-3)
         model = load_causal_lm(cfg.finetune.weights, ds_config, dtype)
         apply_recompute(model, cfg.plan.recompute)

@@ -1,13 +1,14 @@
-"""`service train --weights DIR --data FILE` with a tensor-parallel plan (issue #31): each rank loads only
-its slices of the local Hugging Face checkpoint into the service's TP layers, and the export gathers them
-back into a checkpoint `from_pretrained` reloads.
+"""`service train --weights DIR --data FILE` with tensor- and context-parallel plans (issue #31): each
+rank loads its slices of the local Hugging Face checkpoint into the service's TP layers (with cp, the
+whole model, partitioned at load under ZeRO-3), and the export gathers them back into a checkpoint
+`from_pretrained` reloads.
 
-Fast: context-parallel plans are still refused in one line; the lazy slice reader gives
-`torch.chunk`'s pieces. Slow: (1) two gloo processes build the tp2 sequence-parallel stack from the
-checkpoint: its logits are the Hugging Face model's and the gathered state dict is the checkpoint,
-bitwise; (2) a tp2 fine-tune on 2 CPU workers under Ray Train starts from the checkpoint (its first
-loss is the Hugging Face model's on the same batch), lowers the loss, logs the evaluation loss, and
-exports weights that reload with the trained model's logits.
+Fast: the lazy slice reader gives `torch.chunk`'s pieces. Two gloo processes build (1) the tp2
+sequence-parallel stack from the checkpoint: its logits are the Hugging Face model's and the gathered
+state dict is the checkpoint, bitwise; (2) the cp2 (Ulysses) stack: the same, and its ranks' labelled
+losses make the whole sequence's. Slow: a tp2 and a cp2 ZeRO-3 fine-tune on 2 CPU workers under Ray
+Train start from the checkpoint (the first loss is the Hugging Face model's on the same batch), lower the
+loss, log the evaluation loss, and export weights that reload with the trained model's logits.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from service.train import hf_data
 from service.train.production import ProductionRun
 from tests.train.test_finetune import (
     MODEL,
-    _refusal,
     _texts,
     experiment_file,
     save_checkpoint,
@@ -32,6 +32,7 @@ from tests.train.test_finetune import (
 )
 
 TP2 = Plan(dp=1, tp=2, zero_stage=1, micro_batch=4, grad_accum=1, precision="fp32")
+CP2_Z3 = Plan(dp=1, cp=2, zero_stage=3, micro_batch=4, grad_accum=1, precision="fp32")
 STEPS = 6
 EVAL_EVERY = 3
 
@@ -42,14 +43,6 @@ def checkpoint(tmp_path_factory) -> Path:
 
 
 # --- fast ------------------------------------------------------------------------------------------
-
-
-def test_context_parallel_plans_are_refused(checkpoint, tmp_path):
-    """Pipeline plans load (tests/train/test_finetune_pp.py); context-parallel ones do not yet."""
-    plan = Plan(dp=1, cp=2, zero_stage=1, micro_batch=2, grad_accum=1, precision="fp32")
-    message = _refusal(tmp_path, plan=plan, weights=checkpoint)
-    assert message.startswith("--weights: loading weights into context-parallel layouts is not supported yet")
-    assert plan.short() in message and "tp=" not in message
 
 
 def test_a_tied_embedding_is_refused_for_tensor_parallel_plans():
@@ -117,6 +110,66 @@ def _load_worker(rank: int, world: int, port: int, folder: str, out: str) -> Non
 
 
 @pytest.mark.slow
+def _cp_worker(rank: int, world: int, port: int, folder: str, out: str) -> None:
+    import deepspeed
+    import torch.distributed as dist
+
+    from service.spec.model import ModelSpec
+    from service.train.model import build_model
+    from service.train.weights import gathered_state_dict, probe_logits
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))
+    os.environ.update(WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    deepspeed.init_distributed(dist_backend="gloo")
+    try:
+        plan = Plan(dp=1, cp=world, zero_stage=1, micro_batch=2, grad_accum=1, precision="fp32")
+        stack, _ = build_model(ModelSpec(**MODEL), 0, plan, torch.float32, weights=folder)
+        torch.manual_seed(1)
+        ids = torch.randint(0, MODEL["vocab_size"], (2, 16))  # type: ignore[call-overload]
+        labels = ids.clone()
+        labels[0, :5] = hf_data.IGNORE_INDEX  # a prompt: no loss on its tokens
+        labels[1, 9:12] = hf_data.IGNORE_INDEX  # masked positions inside the second rank's chunk
+        batch = torch.stack([ids, labels], dim=1)
+        with torch.no_grad():
+            mean = hf_data.labelled_loss(stack, batch)
+            total = hf_data.labelled_loss(stack, batch, reduction="sum")
+        shares = torch.tensor(
+            [float(mean), float(total), hf_data.target_count(stack, batch)], dtype=torch.float64
+        )
+        dist.all_reduce(shares)
+        logits = probe_logits(stack, ids)
+        state = gathered_state_dict(stack.hf_model, rank)  # type: ignore[arg-type]
+        if rank == 0:
+            torch.save({"batch": batch, "shares": shares, "logits": logits, "state": state}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cp2_stack_holds_the_checkpoint_and_splits_the_labelled_loss(checkpoint, tmp_path):
+    """cp2 (Ulysses): each rank holds the whole checkpoint; the gathered logits are the Hugging Face
+    model's; the ranks' labelled losses average to the whole sequence's, with masked targets falling
+    in either chunk, and their sums and target counts add up to the whole sequence's."""
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "cp2.pt"
+    mp.spawn(_cp_worker, args=(2, _free_port(), str(checkpoint), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    whole = load_file(str(checkpoint / "model.safetensors"))
+    assert got["state"].keys() == whole.keys() and all(torch.equal(got["state"][k], whole[k]) for k in whole)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    batch = got["batch"]
+    with torch.no_grad():
+        expected = model(input_ids=batch[:, 0]).logits
+        mean = float(hf_data.labelled_loss(model, batch))
+        total = float(hf_data.labelled_loss(model, batch, reduction="sum"))
+    torch.testing.assert_close(got["logits"], expected, atol=1e-5, rtol=1e-5)
+    mean_of_ranks, sum_of_ranks, targets = got["shares"].tolist()
+    assert targets == hf_data.target_count(model, batch) == 2 * 15 - 4 - 3  # position 0 is no target
+    assert abs(mean_of_ranks / 2 - mean) < 1e-5 and abs(sum_of_ranks - total) < 1e-4
+
+
 def test_tp2_stack_holds_the_checkpoint_slices(checkpoint, tmp_path):
     """tp2 with sequence parallelism: logits equal the Hugging Face model's, and gathering the slices
     gives back every tensor of the checkpoint exactly."""
@@ -136,12 +189,13 @@ def test_tp2_stack_holds_the_checkpoint_slices(checkpoint, tmp_path):
     torch.testing.assert_close(got["logits"], expected, atol=1e-5, rtol=1e-5)
 
 
-# --- slow: tp2 fine-tuning on 2 CPU workers under Ray Train ----------------------------------------
+# --- slow: tp2 and cp2 fine-tuning on 2 CPU workers under Ray Train --------------------------------
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("trials")  # as tests/conftest.py puts every tests/train module
-def test_tp2_finetune_starts_from_the_checkpoint_and_exports_reloadable_weights(checkpoint, tmp_path):
+@pytest.mark.parametrize("plan", [TP2, CP2_Z3], ids=["tp2", "cp2-z3"])
+def test_finetune_starts_from_the_checkpoint_and_exports_reloadable_weights(checkpoint, tmp_path, plan):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from service.train.weights import PROBE_FILE
@@ -151,10 +205,10 @@ def test_tp2_finetune_starts_from_the_checkpoint_and_exports_reloadable_weights(
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
         result = ProductionRun(
             experiment_file(tmp_path),
-            TP2,
+            plan,
             steps=STEPS,
             storage_path=tmp_path / "runs",
-            run_name="tp2",
+            run_name="ft",
             weights=checkpoint,
             data=data,
             eval_every=EVAL_EVERY,
@@ -165,9 +219,9 @@ def test_tp2_finetune_starts_from_the_checkpoint_and_exports_reloadable_weights(
     assert sorted(result.eval_losses) == [3, 6] and result.eval_losses[6] < result.eval_losses[3]
 
     # The first step's loss is the checkpoint's own on the first micro-batch (dp = 1: samples 0..3).
-    run_dir = tmp_path / "runs" / "tp2"
+    run_dir = tmp_path / "runs" / "ft"
     train, _ = hf_data.splits(str(run_dir / "data"), seed=yaml_seed(experiment_file(tmp_path)))
-    batch = torch.stack([torch.from_numpy(train.sample(i)) for i in range(TP2.micro_batch)])
+    batch = torch.stack([torch.from_numpy(train.sample(i)) for i in range(plan.micro_batch)])
     before = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     with torch.no_grad():
         first = float(hf_data.labelled_loss(before, batch))
