@@ -158,7 +158,6 @@ def problem_codes(
     p = plans
     cp_rules = [engine_rules(e).context_parallel for e in ENGINE_CODES]
     heads_rule = np.array([r.heads_divisible for r in cp_rules])[p.engine]
-    chunks = p.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[p.engine]
     rules = [
         *_combination_rules(p),
         model.num_attention_heads % p.tp != 0,
@@ -175,14 +174,13 @@ def problem_codes(
         gpus_per_node = cluster.gpus_per_node
         rules.append(p.dp * p.tp * p.pp * p.cp != cluster.num_gpus)
         rules.append((p.tp > gpus_per_node) | (gpus_per_node % p.tp != 0))
-        no_fp8 = not cluster.gpu.peak_tflops_fp8
-        rules.append((p.precision == PRECISION_CODES.index("fp8")) & no_fp8)
+        rules.append(_fp8_refused(p.precision, cluster))
         rules.append(gpus_per_node % p.zero_hpz_partition_size != 0)
     else:
         rules += [none, none, none, none]
     if workload is not None:
-        rules.append(p.micro_batch * p.grad_accum * p.dp != workload.batch_sequences)
-        rules.append((p.cp > 1) & (workload.seq_len % chunks != 0))
+        rules.append(_batch_refused(p.micro_batch, p.grad_accum, p.dp, workload))
+        rules.append(_seq_split_refused(p, workload))
     else:
         rules += [none, none]
     return np.select(rules, list(range(1, len(rules) + 1)), default=VALID).astype(np.int8)
@@ -214,13 +212,25 @@ def expansion_codes(
     structures that pass every rule of `problem_codes(structures, model, cluster)`: only the rules of
     `EXPANSION_CODES` can fail then, so only they are checked, on the columns they read (the expanded
     rows are never built as a table before they pass)."""
-    cp_rules = [engine_rules(e).context_parallel for e in ENGINE_CODES]
-    chunks = structures.cp * np.array([r.seq_chunks_per_rank for r in cp_rules])[structures.engine]
-    seq_split = ((structures.cp > 1) & (workload.seq_len % chunks != 0))[row]
-    no_fp8 = not cluster.gpu.peak_tflops_fp8
     rules = [
-        (precision == PRECISION_CODES.index("fp8")) & no_fp8,
-        micro_batch * grad_accum * structures.dp[row] != workload.batch_sequences,
-        seq_split,
+        _fp8_refused(precision, cluster),
+        _batch_refused(micro_batch, grad_accum, structures.dp[row], workload),
+        _seq_split_refused(structures, workload)[row],
     ]
     return np.select(rules, list(EXPANSION_CODES), default=VALID).astype(np.int8)
+
+
+def _fp8_refused(precision: np.ndarray, cluster: ClusterSpec) -> np.ndarray:
+    return (precision == PRECISION_CODES.index("fp8")) & (not cluster.gpu.peak_tflops_fp8)
+
+
+def _batch_refused(
+    micro_batch: np.ndarray, grad_accum: np.ndarray, dp: np.ndarray, workload: Workload
+) -> np.ndarray:
+    return micro_batch * grad_accum * dp != workload.batch_sequences
+
+
+def _seq_split_refused(p: PlanTable, workload: Workload) -> np.ndarray:
+    """cp > 1 and the sequence does not split into the engine's chunks per rank times cp."""
+    per_rank = np.array([engine_rules(e).context_parallel.seq_chunks_per_rank for e in ENGINE_CODES])
+    return (p.cp > 1) & (workload.seq_len % (p.cp * per_rank[p.engine]) != 0)

@@ -157,16 +157,27 @@ def _repeat_kv_heads(x: torch.Tensor, cp: int) -> torch.Tensor:
     return x if heads >= cp else x.repeat_interleave(cp // heads, dim=2)
 
 
+def cp_group_of(model: Any) -> Any:
+    """The context-parallel group of a model (a DeepSpeed engine or its module), or None."""
+    return getattr(getattr(model, "module", model), "cp_group", None)
+
+
+def chunk_targets(labels: torch.Tensor, local: int, group: Any) -> torch.Tensor:
+    """The next-token labels of this rank's chunk of `local` positions, from the whole sequence's
+    `labels`: a chunk's last position predicts the next chunk's first token; the last chunk has one
+    label fewer."""
+    start = dist.get_rank(group) * local
+    return labels[:, start + 1 : start + local + 1]
+
+
 def context_parallel_loss(logits: torch.Tensor, input_ids: torch.Tensor, group: Any) -> torch.Tensor:
     """This rank's share of the next-token loss of the whole sequence: the cross-entropy summed over its
     chunk's positions (labels from the whole `input_ids`, so a chunk's last position predicts the next
     chunk's first token), divided by the whole sequence's positions, times cp (DeepSpeed averages the
     gradients over the cp ranks; their mean is then the unsharded loss)."""
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    size = dist.get_world_size(group)
     batch, seq = input_ids.shape
-    local = logits.shape[1]
-    start = rank * local
-    labels = input_ids[:, start + 1 : start + local + 1]  # the last chunk has one label fewer
+    labels = chunk_targets(input_ids, logits.shape[1], group)
     predicted = logits[:, : labels.shape[1], :].float()
     total = torch.nn.functional.cross_entropy(
         predicted.reshape(-1, predicted.size(-1)), labels.reshape(-1), reduction="sum"

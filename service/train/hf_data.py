@@ -209,23 +209,6 @@ class PackedExamples:
         return np.asarray(self.blocks[index], dtype=np.int64)
 
 
-def _cp_group(model: torch.nn.Module) -> Any:
-    """The context-parallel group of a model (an engine or its module), or None."""
-    return getattr(getattr(model, "module", model), "cp_group", None)
-
-
-def _targets(model: torch.nn.Module, labels: torch.Tensor, local: int | None) -> torch.Tensor:
-    """The labels this rank's logits predict: the whole shifted labels, or with context parallelism
-    those of its chunk of `local` positions (a chunk's last position predicts the next chunk's first)."""
-    group = _cp_group(model)
-    if group is None or local is None:
-        return labels[:, 1:]
-    import torch.distributed as dist
-
-    start = dist.get_rank(group) * local
-    return labels[:, start + 1 : start + local + 1]
-
-
 def labelled_loss(model: torch.nn.Module, batch: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Next-token cross-entropy of a `(b, 2, seq_len)` batch (ids, labels), prompt tokens (−100) ignored.
 
@@ -233,16 +216,18 @@ def labelled_loss(model: torch.nn.Module, batch: torch.Tensor, reduction: str = 
     share, and "mean" that share × cp over the whole sequence's targets, so that the mean over the cp
     ranks (DeepSpeed averages their gradients, the worker their losses) is the unsharded mean, as
     `context_parallel.context_parallel_loss` does for unlabelled text."""
+    from service.train.context_parallel import chunk_targets, cp_group_of
+
     out = model(input_ids=batch[:, 0], use_cache=False)
     logits = out if isinstance(out, torch.Tensor) else out.logits
-    group = _cp_group(model)
-    targets = _targets(model, batch[:, 1], logits.shape[1] if group is not None else None)
+    group = cp_group_of(model)
+    targets = batch[:, 1, 1:] if group is None else chunk_targets(batch[:, 1], logits.shape[1], group)
     predicted = logits[:, : targets.shape[1], :].float()
     total = torch.nn.functional.cross_entropy(
         predicted.reshape(-1, predicted.size(-1)),
         targets.reshape(-1),
         ignore_index=IGNORE_INDEX,
-        reduction="sum" if group is not None or reduction == "sum" else reduction,
+        reduction=reduction if group is None else "sum",
     )
     if group is None or reduction == "sum":
         return total
@@ -254,14 +239,16 @@ def labelled_loss(model: torch.nn.Module, batch: torch.Tensor, reduction: str = 
 
 def target_count(model: torch.nn.Module, batch: torch.Tensor) -> int:
     """Targets (labels other than −100) that `labelled_loss(model, batch, "sum")` sums over on this rank."""
+    from service.train.context_parallel import chunk_targets, cp_group_of
+
     labels = batch[:, 1]
-    group = _cp_group(model)
+    group = cp_group_of(model)
     if group is None:
         return int((labels[:, 1:] != IGNORE_INDEX).sum())
     import torch.distributed as dist
 
     local = labels.shape[1] // dist.get_world_size(group)
-    return int((_targets(model, labels, local) != IGNORE_INDEX).sum())
+    return int((chunk_targets(labels, local, group) != IGNORE_INDEX).sum())
 
 
 def evaluate(engine: Any, split: PackedExamples, dp_rank: int, dp_size: int, micro_batch: int) -> float:

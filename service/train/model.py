@@ -406,9 +406,9 @@ def _build_context_parallel(
 def forward_loss(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     """Loss of a (non-pipeline) causal LM on one micro-batch; labels are the inputs shifted by one."""
     out = model(input_ids=input_ids, use_cache=False)
-    cp_group = getattr(getattr(model, "module", model), "cp_group", None)
-    if cp_group is not None:
-        from service.train.context_parallel import context_parallel_loss
+    from service.train.context_parallel import context_parallel_loss, cp_group_of
 
+    cp_group = cp_group_of(model)
+    if cp_group is not None:
         return context_parallel_loss(out, input_ids, cp_group)
     return causal_lm_loss(out if isinstance(out, torch.Tensor) else out.logits, input_ids)
