@@ -23,7 +23,7 @@ from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workl
 from service.spec.errors import validate_as
 from service.spec.plan import Engine
 from service.spec.plan_table import PlanTable
-from service.spec.workload import SelectiveRecompute
+from service.spec.workload import MEGATRON_DEFAULT_RECOMPUTE_MODULES, RecomputeModule, SelectiveRecompute
 
 FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7", "megatron_moe"]
 
@@ -120,6 +120,10 @@ class Measurement(BaseModel):
         "attention_block",
         description="What its selective recompute checkpointed (Workload.selective_recompute).",
     )
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        MEGATRON_DEFAULT_RECOMPUTE_MODULES,
+        description="Megatron-Core's --recompute-modules (Workload.recompute_modules).",
+    )
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     ep: int = Field(1, gt=0, description="Expert-parallel degree (Plan.ep; MoE models).")
     expert_tp: int = Field(1, gt=0, description="Expert tensor-parallel degree (Plan.expert_tp).")
@@ -141,7 +145,7 @@ class Measurement(BaseModel):
     details: dict[str, Any] = Field(
         default_factory=dict,
         description="What the source states that the cost model does not read "
-        "(dispatcher, CUDA graphs, recompute modules, software versions).",
+        "(dispatcher, CUDA graphs, software versions).",
     )
     measured: Measured
     reported_mfu: float | None = None
@@ -221,6 +225,7 @@ def workload(ds: Dataset, row: Measurement) -> Workload:
         fused_elementwise=source.fused_elementwise,
         zero3_collectives=row.zero3_collectives,
         selective_recompute=row.selective_recompute,
+        recompute_modules=row.recompute_modules,
     )
 
 

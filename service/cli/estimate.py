@@ -16,7 +16,7 @@ from service.cli.args import finite_float
 from service.cli.args import positive_int as _positive_int
 from service.spec.engine import Engine
 from service.spec.plan import Precision, Recompute, ZeroStage
-from service.spec.workload import SelectiveRecompute
+from service.spec.workload import MEGATRON_DEFAULT_RECOMPUTE_MODULES, RecomputeModule, SelectiveRecompute
 
 # plan_problem's field -> the flag a user of this command would change.
 FLAGS = {
@@ -160,6 +160,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "worker), every second block or torchtitan's op policy (Workload.selective_recompute).",
     )
     a(
+        "--recompute-modules",
+        nargs="+",
+        choices=get_args(RecomputeModule),
+        default=list(MEGATRON_DEFAULT_RECOMPUTE_MODULES),
+        metavar="MODULE",
+        help="What a megatron plan's --recompute selective re-runs, Megatron-Core's --recompute-modules "
+        f"(Workload.recompute_modules; default core_attn): {', '.join(get_args(RecomputeModule))}.",
+    )
+    a(
         "--tokens-to-train",
         type=finite_float,
         default=1e9,
@@ -276,6 +285,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         cudnn_attention=not args.no_cudnn_attention,
         fused_elementwise=args.fused_elementwise,
         selective_recompute=args.selective_recompute,
+        recompute_modules=tuple(args.recompute_modules),
     )
     if args.moe_load_imbalance is not None:
         data["moe_load_imbalance"] = args.moe_load_imbalance
@@ -284,6 +294,13 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     except SpecError as err:
         flag = {"global_batch_sequences": "--micro-batch"}.get(err.field, f"--{err.field.replace('_', '-')}")
         raise SpecError(flag, err.message) from None
+    megatron_modules = set(workload.recompute_modules) != set(MEGATRON_DEFAULT_RECOMPUTE_MODULES)
+    if megatron_modules and args.engine != "megatron":
+        raise SpecError(
+            "--recompute-modules",
+            f"{' '.join(workload.recompute_modules)} is Megatron-Core's selective recompute and the plan's "
+            f"engine is {args.engine}; allowed: core_attn (the default), or --engine megatron",
+        )
     problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
     if problem:
         field, message = problem
@@ -310,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
         "cudnn_attention": workload.cudnn_attention,
         "fused_elementwise": workload.fused_elementwise,
         "selective_recompute": workload.selective_recompute,
+        "recompute_modules": list(workload.recompute_modules),
         "memory_headroom": args.headroom,
     }
     if model.moe is not None:

@@ -22,6 +22,7 @@ from service.costmodel import memory as mem
 from service.costmodel import recompute as checkpointing
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate, EstimateTable
+from service.costmodel.types import Num
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, interval_bounds, load_params
@@ -112,6 +113,13 @@ def _memory(
         )
         per_layer = np.where(p.recompute == 1, selective, per_layer)
         recompute_peak = np.where(p.recompute == 1, tokens * block, recompute_peak)
+    modules = workload.recompute_modules
+    if set(modules) != {"core_attn"}:  # Megatron-Core's fine-grained selective recompute (megatron plans)
+        g = moe.saved_gemm_input_bytes(p, d)
+        delta = checkpointing.megatron_modules_bytes_per_token_per_layer(
+            whole, modules, p.tp, p.sequence_parallel, d, g
+        )
+        per_layer = per_layer + np.where(te & (p.recompute == 1), delta, 0.0)
     # Ulysses' extra saved tensors belong to the attention sub-block: selective and full recompute do
     # not keep them; full recompute re-creates them with the block in backward.
     ulysses = context.ulysses_saved_bytes_per_token_per_layer(model, p.tp, p.cp, p.engine, d)
@@ -152,7 +160,9 @@ def _memory(
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
         buffers = buffers + np.where(offload_staging, pb * model.vocab_size * model.hidden_size, 0.0)
         state_bytes = mem.state_bytes_per_param(p.precision, p.zero_stage)
-        x = moe.stage_memory(whole, p, workload.seq_len, moe_blocks, micro_batches, d, load, state_bytes)
+        x = moe.stage_memory(
+            whole, p, workload.seq_len, moe_blocks, micro_batches, d, load, state_bytes, modules
+        )
         params, grads, optimizer, cpu = (
             params + x.params,
             grads + x.grads,
@@ -263,6 +273,16 @@ def _times(
     selective = checkpointing.selective_recompute_s(
         model, workload.selective_recompute, attention_block, full_block, gemm, elementwise
     )
+    modules = workload.recompute_modules
+    # Megatron-Core's fine-grained selective recompute (Workload.recompute_modules)
+    fine_grained = set(modules) != {"core_attn"}
+    megatron_modules = p.engine_column("transformer_engine") & (p.recompute == 1) & fine_grained
+    if np.any(megatron_modules):
+        chosen = _megatron_modules_recompute_s(
+            whole, modules, p, s, gpu, gemm_peak, gemm_d, d, workload.moe_load_imbalance, tokens, layers,
+            attention_block, gemm, experts,
+        )  # fmt: skip
+        selective = np.where(megatron_modules, chosen, selective)
     recompute = np.select([p.recompute == 2, p.recompute == 1], [full_block, selective], 0.0)
 
     backward_ratio = params["attention_backward_ratio"]
@@ -287,7 +307,7 @@ def _times(
     # The dispatch and combine all-to-alls run forward, backward and in a fully recomputed forward;
     # Megatron-Core's 1F1B all-to-all overlap (Plan.ep_comm_overlap) hides them behind another
     # micro-batch's forward and backward, as the other overlapped collectives hide.
-    a2a = experts_a2a * (2 + (p.recompute == 2))
+    a2a = experts_a2a * (2 + ((p.recompute == 2) | (megatron_modules & ("moe" in modules))))
     ep_mb = np.where(p.ep_comm_overlap, comm.overlapped_exposed_s(a2a, fwd + bwd, contention), a2a)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     bubble = (p.pp - 1) / v * slot
@@ -316,6 +336,50 @@ def _times(
         "offload": offload,
         "overhead": np.asarray(overhead, dtype=float),
     }
+
+
+def _megatron_modules_recompute_s(
+    whole: ModelSpec,
+    modules: tuple[str, ...],
+    p: PlanTable,
+    seq_len: int,
+    gpu: GPUSpec,
+    gemm_peak: Num,
+    gemm_d: Num,
+    d: Num,
+    imbalance: float,
+    tokens: np.ndarray,
+    layers: np.ndarray,
+    attention_block: np.ndarray,
+    gemm: np.ndarray,
+    experts: np.ndarray,
+) -> np.ndarray:
+    """A stage's forward work that `modules` re-run in backward (recompute.megatron_modules_recompute_s),
+    from the stage's forward times and the modules' own pieces."""
+    model = whole.dense_view()
+    attention_gemm = compute.attention_gemm_time_forward_s(model, tokens, p.tp, gpu, gemm_peak, gemm_d)
+    attention_gemm = attention_gemm * layers
+    up = sum(
+        (
+            compute.gemm_time_s(tokens, proj.out_features / p.tp, proj.in_features, gpu, gemm_peak, gemm_d)
+            for proj in model.attention_projections
+            if proj.name in ("q_b_proj", "kv_b_proj")
+        ),
+        np.zeros(len(p)),
+    )
+    g = moe.saved_gemm_input_bytes(p, d)
+    split = np.where(p.sequence_parallel, p.tp, 1)
+    norms = tokens * 2 * (d + g) * model.hidden_size / split / (gpu.hbm_bandwidth_gb_per_s * 1e9) * layers
+    expert_activation = np.zeros(len(p))
+    if whole.moe is not None:
+        blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]
+        load = moe.load_factor(whole, p, imbalance)
+        expert_activation = moe.activation_recompute_time_forward_s(whole, p, seq_len, gpu, d, load) * blocks
+    mlp_gemm = gemm - attention_gemm
+    chosen = checkpointing.megatron_modules_recompute_s(
+        whole, modules, attention_block, up * layers, mlp_gemm, norms, experts, expert_activation
+    )
+    return np.asarray(chosen, dtype=float)
 
 
 def _rows_of(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:

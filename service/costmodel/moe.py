@@ -180,11 +180,33 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     # TE's grouped GEMMs in FP8 save their inputs cast (1 byte): fc1's, the permuted token, and fc2's, f
     # of the fused SwiGLU's 3f (transformer_engine/pytorch/module/grouped_linear.py saves the quantized
     # `inputmats`), as `memory.te_layer_bytes_per_token` counts the dense GEMMs' inputs.
-    g = np.where(fused & (np.asarray(p.precision) == mem.PRECISION_FP8), 1.0, d)
+    g = saved_gemm_input_bytes(p, d)
     mlp = (d * (swiglu - 1) + g) * f / p.expert_tp
     per_slot = mlp + g * inputs * h + np.where(deepspeed, 8.0, 0.0)
     router = np.where(deepspeed, ROUTER_BYTES * e * (1 + k) + e + 12 * k + 16, 9.0 * e)
     return np.asarray(k * load * per_slot + d * k * h + router, dtype=float)
+
+
+def saved_gemm_input_bytes(p: PlanTable, d: Num) -> np.ndarray:
+    """Bytes per element of a GEMM input an expert MLP saves: 1 for Transformer Engine's grouped GEMMs in
+    FP8 (they save the quantized input), d otherwise."""
+    fused = _engine_field("transformer_engine")[p.engine]
+    return np.where(fused & (np.asarray(p.precision) == mem.PRECISION_FP8), 1.0, d)
+
+
+def activation_recompute_time_forward_s(
+    model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, d: Num, load: Num
+) -> np.ndarray:
+    """One MoE block's expert activation function made again (Megatron-Core's "moe_act" recompute): per
+    routed slot it reads fc1's output (2f for SwiGLU, f for GeLU, in d) and writes fc2's input (f, in
+    `saved_gemm_input_bytes`), split by expert_tp, at the HBM bandwidth."""
+    moe = model.moe
+    assert moe is not None
+    f = moe.expert_ffn_hidden_size / p.expert_tp
+    slots = tokens_dispatched(p, seq_len) * moe.experts_per_token * load
+    gate = 2 if model.mlp == "swiglu" else 1
+    moved = slots * (gate * d + saved_gemm_input_bytes(p, d)) * f
+    return np.asarray(moved / (gpu.hbm_bandwidth_gb_per_s * 1e9), dtype=float)
 
 
 def dispatch_buffer_bytes(model: ModelSpec, p: PlanTable, seq_len: int, d: Num, load: Num) -> np.ndarray:
@@ -333,9 +355,13 @@ def stage_memory(
     d: Num,
     load: Num,
     state_bytes: tuple[np.ndarray, ...],
+    recompute_modules: tuple[str, ...] = ("core_attn",),
 ) -> StageMemory:
     """The MoE terms of a stage holding `moe_blocks` MoE blocks and `micro_batches` in flight;
-    `state_bytes` is (param, grad, optimizer) bytes per parameter (memory.state_bytes_per_param)."""
+    `state_bytes` is (param, grad, optimizer) bytes per parameter (memory.state_bytes_per_param).
+    A megatron plan's selective recompute (Workload.recompute_modules) drops the expert activation's
+    output with "moe_act" (fc2's input, re-made in backward) and, with "moe", every MoE tensor but the
+    block's input, as full recompute does."""
     if model.moe is None:
         zero = np.zeros(len(p))
         return StageMemory(zero, zero, zero, zero, zero, zero, zero)
@@ -344,7 +370,11 @@ def stage_memory(
     )
     tokens = tokens_dispatched(p, seq_len)
     kept = tokens * activation_bytes_per_token_per_moe_layer(model, p, d, load)
-    full = p.recompute == 2
+    megatron_selective = _engine_field("transformer_engine")[p.engine] & (p.recompute == 1)
+    if "moe_act" in recompute_modules:
+        act = tokens * model.moe.experts_per_token * load * saved_gemm_input_bytes(p, d)
+        kept = kept - np.where(megatron_selective, act * model.moe.expert_ffn_hidden_size / p.expert_tp, 0.0)
+    full = (p.recompute == 2) | (megatron_selective & ("moe" in recompute_modules))
     return StageMemory(
         params=params,
         grads=grads,

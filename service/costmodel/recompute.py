@@ -85,3 +85,69 @@ def selective_bytes_per_token_per_layer(
         block_input = model.hidden_size / np.where(sequence_parallel, tp, 1)
         return d * (block_input + saved + attention_out) + FP32 * model.num_attention_heads / tp
     return attention_block
+
+
+# Megatron-Core's fine-grained recompute (TransformerConfig.recompute_modules, --recompute-modules with
+# --recompute-granularity selective; Megatron-Core MoE README, v0.13): what a megatron plan's selective
+# recompute re-runs, by module. "core_attn" alone is Megatron's default, the baseline the TE count
+# (`memory.te_layer_bytes_per_token`) and the fit price; the others change it.
+
+
+def dense_mlp_shares(model: ModelSpec) -> tuple[float, float]:
+    """(dense blocks' MLPs, MoE blocks' shared experts and router) as shares of the dense view's MLP
+    parameters (`ModelSpec.dense_view`): the parts of its mean MLP that "mlp" and "shared_experts" /
+    "moe" recompute. A dense model's MLP is all "mlp"."""
+    if model.moe is None:
+        return 1.0, 0.0
+    dense = (model.num_layers - model.num_moe_layers) * model.mlp_params_per_layer
+    shared = model.num_moe_layers * model.shared_params_per_moe_layer
+    outside = dense + shared
+    return (dense / outside, shared / outside) if outside else (0.0, 0.0)
+
+
+def megatron_modules_bytes_per_token_per_layer(
+    model: ModelSpec, modules: tuple[str, ...], tp: Num, sequence_parallel: Num, d: Num, g: Num
+) -> Num:
+    """Bytes per token one block of the dense view (`ModelSpec.dense_view`) keeps under `modules`, less
+    what it keeps under "core_attn" alone (negative: freed); `g` is the bytes of a saved GEMM input (1 in
+    FP8). The output-discarding modules drop the tensor they would re-make: "layernorm" both norms'
+    outputs (g·h each), "mla_up_proj" MLA's up-projected q, k and v (d·(q + kv) per TP rank); the
+    checkpointed ones keep only their input, which the residual stream keeps anyway: "mlp" the dense
+    MLP's fc1 output and fc2 input, "shared_experts" (and "moe") the shared experts'. Without
+    "core_attn" the attention's fp32 log-sum-exp stays (`memory.te_layer_bytes_per_token`)."""
+    h, view = model.hidden_size, model.dense_view()
+    split = np.where(sequence_parallel, tp, 1)
+    delta = 0.0 if "core_attn" in modules else FP32 * model.num_attention_heads / tp
+    if "layernorm" in modules:
+        delta = delta - 2 * g * h / split
+    if "mla_up_proj" in modules and model.mla is not None:
+        delta = delta - d * (model.q_width + model.kv_width) / tp
+    dense, shared = dense_mlp_shares(model)
+    share = dense * ("mlp" in modules) + shared * bool({"shared_experts", "moe"} & set(modules))
+    gate = 2 if model.mlp == "swiglu" else 1
+    return delta - share * (d * gate + g) * view.ffn_hidden_size / tp
+
+
+def megatron_modules_recompute_s(
+    model: ModelSpec,
+    modules: tuple[str, ...],
+    attention_block: Num,
+    up_projections: Num,
+    mlp_gemm: Num,
+    norms: Num,
+    experts: Num,
+    expert_activation: Num,
+) -> Num:
+    """Forward work Megatron-Core's selective recompute re-runs in backward, by `modules` (the inputs are
+    a stage's forward times): "core_attn" as this service prices Megatron's default (`attention_block`,
+    see estimate.py), "layernorm" the two norms, "mla_up_proj" MLA's up-projection GEMMs, "mlp" and
+    "shared_experts" their shares of the dense view's MLP GEMMs (`dense_mlp_shares`), "moe" the routed
+    experts, router and permutation (and the shared experts; its all-to-alls are counted with the other
+    all-to-alls), "moe_act" the experts' activation function."""
+    dense, shared = dense_mlp_shares(model)
+    chosen = set(modules)
+    total = attention_block * ("core_attn" in chosen) + norms * ("layernorm" in chosen)
+    total = total + up_projections * ("mla_up_proj" in chosen) + dense * ("mlp" in chosen) * mlp_gemm
+    total = total + shared * bool({"shared_experts", "moe"} & chosen) * mlp_gemm
+    total = total + experts * ("moe" in chosen)
+    return total + expert_activation * ("moe_act" in chosen and "moe" not in chosen)

@@ -16,7 +16,7 @@ from service.spec.plan import Engine
 from service.spec.production import GoodputSpec, GPUAlternative, OptimizerSpec
 from service.spec.proxy import ProxySpec
 from service.spec.tracking import TrackingSpec
-from service.spec.workload import Budget, Workload
+from service.spec.workload import MEGATRON_DEFAULT_RECOMPUTE_MODULES, Budget, Workload
 
 MAX_NAME_LENGTH = 128
 
@@ -121,6 +121,13 @@ class ExperimentSpec(BaseModel):
                 "workload.selective_recompute",
                 f"{kind!r} is not what the service's DeepSpeed worker runs (attention_block); it describes "
                 "other frameworks' runs for estimate and calibrate, or plans of engines [fsdp] or [megatron]",
+            )
+        modules = self.workload.recompute_modules
+        if set(modules) != set(MEGATRON_DEFAULT_RECOMPUTE_MODULES) and "megatron" not in self.engines:
+            raise SpecError(
+                "workload.recompute_modules",
+                f"{list(modules)} is Megatron-Core's selective recompute, and this experiment plans "
+                f"{list(self.engines)}; allowed: the default [core_attn], or add megatron to engines",
             )
         return self
 

@@ -14,6 +14,10 @@ from service.spec.errors import SpecError
 MAX_SEQ_LEN = 2**24
 
 SelectiveRecompute = Literal["attention_block", "every_other_block", "every_other_matmul"]
+# Megatron-Core's --recompute-modules (TransformerConfig.recompute_modules, default ["core_attn"]): what
+# its selective recompute re-runs (costmodel/recompute.py `megatron_modules_*`).
+RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts"]
+MEGATRON_DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
 
 
 # Busiest expert's tokens over its balanced share with an auxiliary balancing loss (Wang et al. 2024,
@@ -82,6 +86,16 @@ class Workload(BaseModel):
         "torch.utils.checkpoint's selective policy in parallelize_llama.py, 2024).",
     )
 
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        MEGATRON_DEFAULT_RECOMPUTE_MODULES,
+        min_length=1,
+        description="What a megatron plan's selective recompute re-runs (Megatron-Core's "
+        "--recompute-modules, default core_attn): core_attn, layernorm (both norms' outputs), moe_act (the "
+        "experts' activation function), mla_up_proj (MLA's up-projections and rope), mlp (the dense MLP), "
+        "moe (the whole MoE layer, its all-to-alls included), shared_experts. Other engines' selective "
+        "recompute is selective_recompute's.",
+    )
+
     moe_load_imbalance: float = Field(
         DEFAULT_MOE_LOAD_IMBALANCE,
         ge=1.0,
@@ -93,6 +107,19 @@ class Workload(BaseModel):
         "expert GEMMs and the all-to-alls (costmodel/moe.py `load_factor`); capacity routers pad to their "
         "capacity factor instead.",
     )
+
+    @model_validator(mode="after")
+    def _one_selective_policy(self) -> Workload:
+        if set(self.recompute_modules) != set(MEGATRON_DEFAULT_RECOMPUTE_MODULES) and (
+            self.selective_recompute != "attention_block"
+        ):
+            raise SpecError(
+                "recompute_modules",
+                f"{list(self.recompute_modules)} is Megatron-Core's selective recompute, and "
+                f"selective_recompute {self.selective_recompute!r} is another framework's; allowed: one of "
+                "the two (recompute_modules with selective_recompute attention_block)",
+            )
+        return self
 
     @model_validator(mode="after")
     def _derive_batch(self) -> Workload:

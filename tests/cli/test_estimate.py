@@ -294,3 +294,16 @@ def test_bad_expert_flags_name_the_flag(capsys, tmp_path, flags, message):
     assert main([*base, *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_recompute_modules_flag_is_megatrons(capsys):
+    flags = ["--model", "mixtral-8x7b", "--gpu", "h100-sxm-80gb", "--gpus", "64", "--ep", "8", "--zero", "1"]
+    flags += ["--grad-accum", "4", "--seq-len", "4096", "--recompute", "selective"]
+    default = run_json(capsys, *flags, "--engine", "megatron")
+    moe = run_json(capsys, *flags, "--engine", "megatron", "--recompute-modules", "core_attn", "moe")
+    assert default["inputs"]["recompute_modules"] == ["core_attn"]
+    assert moe["inputs"]["recompute_modules"] == ["core_attn", "moe"]
+    assert moe["memory_per_gpu_bytes"]["activations"] < default["memory_per_gpu_bytes"]["activations"]
+    assert main(["estimate", *flags, "--recompute-modules", "moe"]) == 2  # the default engine: deepspeed
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--recompute-modules" in err and "--engine megatron" in err
