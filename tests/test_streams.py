@@ -3,9 +3,6 @@ trials and the killed-driver search share one, and the `ray start` cluster tests
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,25 +26,3 @@ def test_every_test_file_is_in_one_of_two_streams() -> None:
 def test_a_path_outside_the_tests_folder_is_an_error() -> None:
     with pytest.raises(ValueError):
         stream_of(Path("/elsewhere/test_x.py"))
-
-
-def test_xdist_keeps_each_stream_on_one_worker() -> None:
-    """The markers are set before xdist reads them into the node ids (a hook ordered after xdist's
-    leaves every test its own unit, and the proxy trials end up on both workers)."""
-    args = ["-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider", "-m", "not slow"]
-    files = [
-        "tests/test_streams.py::test_every_test_file_is_in_one_of_two_streams",
-        "tests/train/test_cpu_layout.py",
-    ]
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", *args, *files],
-        cwd=TESTS.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    ).stdout
-    ran = re.findall(r"^\[(gw\d)\] \[\s*\d+%\] PASSED (tests/[^:]+)::", out, flags=re.M)
-    workers = {f: {w for w, g in ran if g == f} for _, f in ran}
-    assert set(workers) == {"tests/test_streams.py", "tests/train/test_cpu_layout.py"}, out[-2000:]
-    assert all(len(w) == 1 for w in workers.values()), workers
-    assert workers["tests/test_streams.py"] != workers["tests/train/test_cpu_layout.py"], workers

@@ -30,6 +30,7 @@ import math
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,10 +239,13 @@ def _fit(
     pending_timeout_s: float = math.inf,
     run_dir: Path | None = None,
     extra: dict[str, float] | None = None,
+    clock: Callable[[], float] = time.time,
+    wait: Callable[[threading.Thread], None] = lambda thread: thread.join(_POLL_S),
 ) -> tuple[str, str]:
     """Runs `trainer.fit()`; (status, reason). Workers not placed within `pending_timeout_s` of the
     start (see `workers_placed`; without `run_dir`, placed at once): unschedulable; a run still going
-    `timeout_s` after its workers were placed: a hang.
+    `timeout_s` after its workers were placed: a hang. `clock` (wall-clock seconds, as the run's event
+    times) and `wait` (one poll of the running fit) are the real ones but for tests.
 
     A run left going is left to die with this trial's process: Tune ends the trial actor once this
     function returns, and the Train controller and its workers (or its pending placement group, which
@@ -258,13 +262,13 @@ def _fit(
             outcome["error"] = err
             outcome["trace"] = traceback.format_exc()
 
-    started = time.time()
+    started = clock()
     thread = threading.Thread(target=target, name="proxy-fit", daemon=True)
     thread.start()
     placed: float | None = started if run_dir is None else None
     while thread.is_alive():
-        thread.join(_POLL_S)
-        now = time.time()
+        wait(thread)
+        now = clock()
         if placed is None and run_dir is not None and workers_placed(run_dir, started):
             placed = now
         if placed is None and now - started > pending_timeout_s:

@@ -3,7 +3,7 @@ handling of a run that fails, runs out of memory, or hangs (fake trainers, no Ra
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,7 +93,26 @@ def test_a_result_cannot_be_changed_once_built() -> None:
     assert result.to_dict()["tracking"] == {"uri": "sqlite:///x.db"}
 
 
+class _Clock:
+    """Wall-clock seconds that pass only when `_fit` waits: each poll is `step_s`, and `on_tick` runs
+    after it (what the cluster does meanwhile). The fit under test runs in its thread for real."""
+
+    def __init__(self, step_s: float = 0.25, on_tick=lambda now: None):  # binary fractions: exact sums
+        self.now, self.step_s, self.on_tick = 1_024.0, step_s, on_tick
+        self.start = self.now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self, thread: threading.Thread) -> None:
+        thread.join(0.001)
+        self.now += self.step_s
+        self.on_tick(self.now)
+
+
 class _Trainer:
+    """A fit that ends at once (ok, or raising what Ray Train raises) or, "hang", never ends."""
+
     def __init__(self, behaviour: str):
         self.behaviour = behaviour
 
@@ -105,7 +124,10 @@ class _Trainer:
         if self.behaviour == "crash":
             raise RuntimeError("Worker exited unexpectedly: SIGSEGV")
         if self.behaviour == "hang":
-            time.sleep(30)
+            NEVER.wait()
+
+
+NEVER = threading.Event()  # never set: a hung fit's daemon thread ends with the test process
 
 
 def test_fit_classifies_outcomes_and_times_out_hangs(tmp_path: Path) -> None:
@@ -115,10 +137,10 @@ def test_fit_classifies_outcomes_and_times_out_hangs(tmp_path: Path) -> None:
     assert status == "oom" and "can't allocate memory" in reason
     assert _fit(_Trainer("crash"), 5.0, log)[0] == "failed"
     assert "SIGSEGV" in log.read_text()  # the traceback is kept in the trial log
-    started = time.monotonic()
-    status, reason = _fit(_Trainer("hang"), 0.5, log)
+    clock = _Clock()
+    status, reason = _fit(_Trainer("hang"), 0.5, log, clock=clock, wait=clock.wait)
     assert status == "hang" and "did not finish within 0.5 s" in reason
-    assert time.monotonic() - started < 20  # ended by the timeout, not by the 30 s hang
+    assert clock.now - clock.start == 0.75  # the first poll past the timeout
 
 
 class _Scaling:
@@ -126,48 +148,54 @@ class _Scaling:
 
 
 class _PendingTrainer:
-    """Its workers are placed after `placed_after_s` (None: never), then it runs for 30 s."""
+    """A fit whose workers wait for a placement that the test's clock decides; it never ends."""
 
     scaling_config = _Scaling()
 
-    def __init__(self, run_dir: Path, placed_after_s: float | None):
-        self.run_dir, self.placed_after_s = run_dir, placed_after_s
-
     def fit(self) -> None:
-        if self.placed_after_s is not None:
-            time.sleep(self.placed_after_s)
-            with (self.run_dir / "proxy_log.jsonl").open("a") as f:
-                f.write(f'{{"event": "{STARTED_EVENT}", "time": {time.time()}}}\n')
-        time.sleep(30)
+        NEVER.wait()
 
 
 def test_fit_ends_a_trial_whose_workers_are_never_placed_as_unschedulable(tmp_path: Path) -> None:
-    log = tmp_path / "trial.log"
-    started = time.monotonic()
+    clock = _Clock()
     status, reason = _fit(
-        _PendingTrainer(tmp_path, None), 60.0, log, pending_timeout_s=0.5, run_dir=tmp_path, extra={"x": 1.0}
-    )
+        _PendingTrainer(), 60.0, tmp_path / "trial.log", pending_timeout_s=0.5, run_dir=tmp_path,
+        extra={"x": 1.0}, clock=clock, wait=clock.wait,
+    )  # fmt: skip
     assert status == "unschedulable", reason
     assert (
         reason
         == "unschedulable: 2 workers of {'CPU': 1, 'GPU': 1.0, 'x': 1.0} each were not placed within 0.5 s"
     )
-    assert time.monotonic() - started < 20  # ended by the pending timeout, not by the 30 s run
+    assert clock.now - clock.start == 0.75  # ended by the pending timeout, not by the 60 s one
 
 
 def test_fit_counts_the_hang_timeout_from_the_placement(tmp_path: Path) -> None:
     # Placed after 1.5 s, longer than the 1 s hang timeout: a clock started at fit() would call the
-    # trial a hang before its workers even ran; counted from the placement it is a hang at ~2.5 s.
-    (tmp_path / "proxy_log.jsonl").write_text(f'{{"event": "{STARTED_EVENT}", "time": 1.0}}\n')  # stale
-    started = time.monotonic()
+    # trial a hang before its workers even ran; counted from the placement it is a hang 1 s after it.
+    log = tmp_path / "proxy_log.jsonl"
+    log.write_text(f'{{"event": "{STARTED_EVENT}", "time": 1.0}}\n')  # stale: an earlier attempt's
+
+    placed_at: list[float] = []
+
+    def place_after_1_5_s(now: float) -> None:
+        if now - clock.start >= 1.5 and not placed_at:
+            placed_at.append(now)
+            with log.open("a") as f:
+                f.write(f'{{"event": "{STARTED_EVENT}", "time": {now}}}\n')
+
+    clock = _Clock(on_tick=place_after_1_5_s)
     status, reason = _fit(
-        _PendingTrainer(tmp_path, 1.5), 1.0, tmp_path / "trial.log", pending_timeout_s=10, run_dir=tmp_path
-    )
-    elapsed = time.monotonic() - started
+        _PendingTrainer(), 1.0, tmp_path / "trial.log", pending_timeout_s=10, run_dir=tmp_path,
+        clock=clock, wait=clock.wait,
+    )  # fmt: skip
     assert status == "hang" and reason == "hang: the trial did not finish within 1 s"
-    assert 2.4 < elapsed < 20, elapsed  # after placement + timeout, and not the 30 s run
-    assert workers_placed(tmp_path, since=0.0) and workers_placed(tmp_path, since=2.0)
-    assert not workers_placed(tmp_path, since=time.time() + 1)  # an earlier attempt's events do not count
+    # placed at 1.5 s, a hang at the first poll past 1.5 + 1 s
+    assert clock.now - clock.start == 2.75
+    (placed,) = placed_at
+    assert placed - clock.start == 1.5
+    assert workers_placed(tmp_path, since=clock.start) and workers_placed(tmp_path, since=placed)
+    assert not workers_placed(tmp_path, since=placed + 0.1)  # an earlier attempt's events do not count
 
 
 def test_unschedulable_trials_are_counted_apart_from_errors() -> None:
