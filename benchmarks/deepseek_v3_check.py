@@ -6,9 +6,11 @@ parallelism, no tensor parallelism (§3.2), FP8 GEMMs (§3.3), and states "180K 
 trillion tokens (§1, Table 1). Every published number is in benchmarks/published/moe_unpriced.yaml
 (`named_checks: deepseek_v3`, with its section). This prices that layout as the closest `Plan` the
 service has, compares, breaks the step down, and works out what the mechanisms the cost model does not
-price (DualPipe, node-limited routing and FP8 dispatch, the 20 communication SMs, the batch ramp, the
-multi-token-prediction module, DualPipe's memory) would change. Nothing in service/ is tuned here: the
-what-ifs are arithmetic on the priced terms, reported beside the prediction, never instead of it.
+price (DualPipe, FP8 dispatch at DeepEP's measured rate, the 20 communication SMs, the batch ramp, the
+multi-token-prediction module, DualPipe's memory) would change. Node-limited routing with per-node
+dispatch is priced (the model's group-limited routing, `Workload.moe_dispatcher` deepep). Nothing in
+service/ is tuned here: the what-ifs are arithmetic on the priced terms, reported beside the
+prediction, never instead of it.
 
     python benchmarks/deepseek_v3_check.py  # --params P --out benchmarks/results/deepseek_v3_check.json
 
@@ -95,6 +97,7 @@ def price(
     workload = Workload(
         seq_len=pub["seq_len"], global_batch_sequences=batch,
         tokens_to_train=float(pub["tokens_total"]), moe_load_imbalance=LOAD_IMBALANCE,
+        moe_dispatcher="deepep",  # §3.2.2: once per remote node over IB, then NVLink (DeepEP's kernels)
     )  # fmt: skip
     plan = report_plan(batch // (dp * MICRO_BATCH), dp)
     return model, cluster, workload, estimate(model, cluster, plan, workload, params=params)
@@ -135,7 +138,7 @@ def all_to_all_per_micro_batch(
     d = np.asarray(mem.activation_bytes_per_element(p.precision))
     nic = params["all_to_all_efficiency"]
     one_pass = moe.dispatch_combine_time_s(
-        model, p, workload.seq_len, d, cluster.gpus_per_node, gpu, net, load, nic
+        model, p, workload.seq_len, d, cluster.gpus_per_node, gpu, net, load, nic, workload.moe_dispatcher
     )
     a2a = 2.0 * float(one_pass[0]) * moe_layers  # forward and backward
     compute = est.time_breakdown_s.compute / est.plan.grad_accum
@@ -152,10 +155,11 @@ def all_to_all_per_micro_batch(
 def node_limited_all_to_all(
     model: ModelSpec, workload: Workload, moe_layers: float, load: float
 ) -> dict[str, float]:
-    """The same exchange as DeepSeek's kernels move it (§3.2.2): a token crosses IB once per remote
-    target node, at most 4 of 8, then NVLink inside it; dispatch in FP8, combine in BF16 (§3.3.3); at
-    DeepEP's measured IB rate. The 4 nodes are taken as uniform over the 8, so the token's own node is
-    among them half the time: 4 - 1/2 remote nodes (an assumption; the report prints no distribution)."""
+    """The exchange with what the cost model does not price of DeepSeek's kernels: as priced, a token
+    crosses IB once per remote target node, at most 4 of 8 (§3.2.2; `moe.nodes_per_token`), then NVLink
+    inside it; here also the dispatch in FP8 and the combine in BF16 (§3.3.3), at DeepEP's measured IB
+    rate. The 4 nodes are taken as uniform over the 8, so the token's own node is among them half the
+    time: 4 - 1/2 remote nodes (an assumption; the report prints no distribution)."""
     nodes = 8  # §3.2: EP 64 "spanning 8 nodes"
     remote = MAX_NODES_PER_TOKEN * (nodes - 1) / nodes
     tokens = MICRO_BATCH * workload.seq_len * load

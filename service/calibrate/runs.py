@@ -23,7 +23,12 @@ from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workl
 from service.spec.errors import validate_as
 from service.spec.plan import Engine
 from service.spec.plan_table import PlanTable
-from service.spec.workload import MEGATRON_DEFAULT_RECOMPUTE_MODULES, RecomputeModule, SelectiveRecompute
+from service.spec.workload import (
+    MEGATRON_DEFAULT_RECOMPUTE_MODULES,
+    MoEDispatcher,
+    RecomputeModule,
+    SelectiveRecompute,
+)
 
 FlopsFormula = Literal["narayanan2021_eq3", "korthikanti2022_eq7", "megatron_moe"]
 
@@ -123,6 +128,9 @@ class Measurement(BaseModel):
     recompute_modules: tuple[RecomputeModule, ...] = Field(
         MEGATRON_DEFAULT_RECOMPUTE_MODULES,
         description="Megatron-Core's --recompute-modules (Workload.recompute_modules).",
+    )
+    moe_dispatcher: MoEDispatcher = Field(
+        "alltoall", description="How its MoE blocks sent tokens (Workload.moe_dispatcher)."
     )
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     ep: int = Field(1, gt=0, description="Expert-parallel degree (Plan.ep; MoE models).")
@@ -226,6 +234,7 @@ def workload(ds: Dataset, row: Measurement) -> Workload:
         zero3_collectives=row.zero3_collectives,
         selective_recompute=row.selective_recompute,
         recompute_modules=row.recompute_modules,
+        moe_dispatcher=row.moe_dispatcher,
     )
 
 

@@ -16,7 +16,12 @@ from service.cli.args import finite_float
 from service.cli.args import positive_int as _positive_int
 from service.spec.engine import Engine
 from service.spec.plan import Precision, Recompute, ZeroStage
-from service.spec.workload import MEGATRON_DEFAULT_RECOMPUTE_MODULES, RecomputeModule, SelectiveRecompute
+from service.spec.workload import (
+    MEGATRON_DEFAULT_RECOMPUTE_MODULES,
+    MoEDispatcher,
+    RecomputeModule,
+    SelectiveRecompute,
+)
 
 # plan_problem's field -> the flag a user of this command would change.
 FLAGS = {
@@ -169,6 +174,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(Workload.recompute_modules; default core_attn): {', '.join(get_args(RecomputeModule))}.",
     )
     a(
+        "--moe-dispatcher",
+        choices=get_args(MoEDispatcher),
+        default="alltoall",
+        help="How a megatron plan's MoE blocks send tokens (Workload.moe_dispatcher): NCCL's all-to-all "
+        "of every routed copy, or DeepEP's once per remote node.",
+    )
+    a(
         "--tokens-to-train",
         type=finite_float,
         default=1e9,
@@ -286,6 +298,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         fused_elementwise=args.fused_elementwise,
         selective_recompute=args.selective_recompute,
         recompute_modules=tuple(args.recompute_modules),
+        moe_dispatcher=args.moe_dispatcher,
     )
     if args.moe_load_imbalance is not None:
         data["moe_load_imbalance"] = args.moe_load_imbalance
@@ -300,6 +313,12 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             "--recompute-modules",
             f"{' '.join(workload.recompute_modules)} is Megatron-Core's selective recompute and the plan's "
             f"engine is {args.engine}; allowed: core_attn (the default), or --engine megatron",
+        )
+    if workload.moe_dispatcher != "alltoall" and args.engine != "megatron":
+        raise SpecError(
+            "--moe-dispatcher",
+            f"{workload.moe_dispatcher} is Megatron-Core's flex dispatcher and the plan's engine is "
+            f"{args.engine}; allowed: alltoall (the default), or --engine megatron",
         )
     problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
     if problem:
@@ -328,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
         "fused_elementwise": workload.fused_elementwise,
         "selective_recompute": workload.selective_recompute,
         "recompute_modules": list(workload.recompute_modules),
+        "moe_dispatcher": workload.moe_dispatcher,
         "memory_headroom": args.headroom,
     }
     if model.moe is not None:

@@ -255,7 +255,7 @@ def _times(
     moe_blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]  # the busiest stage's
     experts, experts_a2a = moe.forward_s(
         whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, gemm_peak, gemm_d, net,
-        workload.moe_load_imbalance, params["all_to_all_efficiency"],
+        workload.moe_load_imbalance, params["all_to_all_efficiency"], workload.moe_dispatcher,
     )  # fmt: skip
     fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention

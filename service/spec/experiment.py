@@ -129,6 +129,12 @@ class ExperimentSpec(BaseModel):
                 f"{list(modules)} is Megatron-Core's selective recompute, and this experiment plans "
                 f"{list(self.engines)}; allowed: the default [core_attn], or add megatron to engines",
             )
+        if self.workload.moe_dispatcher != "alltoall" and "megatron" not in self.engines:
+            raise SpecError(
+                "workload.moe_dispatcher",
+                f"{self.workload.moe_dispatcher!r} is Megatron-Core's flex dispatcher, and this experiment "
+                f"plans {list(self.engines)}; allowed: alltoall, or add megatron to engines",
+            )
         return self
 
     @field_validator("model", mode="before")

@@ -13,11 +13,11 @@ Each architecture's own keys, as its transformers modeling file builds the block
     are not either;
   - deepseek_v2, deepseek_v3: `n_routed_experts` of `moe_intermediate_size` from block
     `first_k_dense_replace` on, and one shared MLP `n_shared_experts` × `moe_intermediate_size` wide
-    (`DeepseekV3MoE.shared_experts`); group-limited routing (topk_method, n_group, topk_group) and the
-    routing scale pick experts without changing what a token passes through. DeepSeek-V3's
-    aux-loss-free bias (e_score_correction_bias, one per expert per block) is a buffer in transformers
-    and not counted. Multi-head latent attention from q_lora_rank, kv_lora_rank, qk_nope_head_dim,
-    qk_rope_head_dim, v_head_dim (their `head_dim` is the rotary width, not the heads').
+    (`DeepseekV3MoE.shared_experts`); group-limited routing (topk_method, n_group, topk_group) limits
+    where a token's experts are (`MoESpec.expert_groups`); the routing scale changes nothing priced.
+    DeepSeek-V3's aux-loss-free bias (e_score_correction_bias, one per expert per block) is a buffer in
+    transformers and not counted. Multi-head latent attention from q_lora_rank, kv_lora_rank,
+    qk_nope_head_dim, qk_rope_head_dim, v_head_dim (their `head_dim` is the rotary width, not the heads').
 
 Routers are dropless (transformers' MoE blocks drop no token), unless the config gives a
 `capacity_factor`. Anything else that changes the count is refused, the field named.
@@ -71,11 +71,29 @@ def moe_fields(cfg: Any, where: str) -> dict[str, Any]:
         "expert_ffn_hidden_size": _count(cfg, width_key, where, 1),
         **_shared_expert(cfg, where),
         **_layer_pattern(cfg, where),
+        **_expert_groups(cfg, where, experts),
     }
     capacity = getattr(cfg, "capacity_factor", None)
     if capacity is not None:
         fields |= {"router": "capacity", "capacity_factor": capacity}
     return fields
+
+
+def _expert_groups(cfg: Any, where: str, experts: int) -> dict[str, Any]:
+    """DeepSeek's group-limited routing: `n_group` groups of consecutive experts, a token's experts from
+    its best `topk_group` of them (V2's topk_method group_limited_greedy, V3's noaux_tc; V2's greedy and
+    n_group 1 route over all experts; modeling_deepseek.py `MoEGate`)."""
+    if cfg.model_type not in MLA_TYPES or getattr(cfg, "topk_method", "greedy") == "greedy":
+        return {}
+    groups = _count(cfg, "n_group", where, 1)
+    if groups == 1:
+        return {}
+    if experts % groups:
+        raise SpecError("n_group", f"{groups} does not divide n_routed_experts {experts}", where)
+    per_token = _count(cfg, "topk_group", where, 1)
+    if per_token > groups:
+        raise SpecError("topk_group", f"{per_token} exceeds n_group {groups}", where)
+    return {"expert_groups": groups, "groups_per_token": per_token}
 
 
 def _shared_expert(cfg: Any, where: str) -> dict[str, Any]:

@@ -57,12 +57,32 @@ class MoESpec(BaseModel):
     capacity_factor: float | None = Field(
         None, description="Expert capacity over the balanced share of tokens (router capacity only, ≥ 1)."
     )
+    expert_groups: int = Field(
+        1,
+        ge=1,
+        description="Group-limited routing (DeepSeek-V2/V3's n_group): the experts fall into this many "
+        "groups of consecutive experts; 1 = no groups.",
+    )
+    groups_per_token: int | None = Field(
+        None,
+        ge=1,
+        description="Groups a token's experts may come from (DeepSeek's topk_group; V3's node-limited "
+        "routing, arXiv 2412.19437 §2.1.2); default: all of them.",
+    )
 
     @model_validator(mode="after")
     def _check_router(self) -> MoESpec:
         if self.experts_per_token > self.num_experts:
             k, e = self.experts_per_token, self.num_experts
             raise SpecError("experts_per_token", f"{k} exceeds num_experts {e}")
+        if self.num_experts % self.expert_groups:
+            e, g = self.num_experts, self.expert_groups
+            raise SpecError(
+                "expert_groups", f"{g} does not divide num_experts {e}; allowed: a divisor of {e}"
+            )
+        if self.groups_per_token is not None and self.groups_per_token > self.expert_groups:
+            g, t = self.expert_groups, self.groups_per_token
+            raise SpecError("groups_per_token", f"{t} exceeds expert_groups {g}; allowed: 1 to {g}")
         if self.router == "capacity":
             if self.capacity_factor is None:
                 raise SpecError("capacity_factor", "router 'capacity' needs a capacity factor (≥ 1)")

@@ -18,6 +18,9 @@ SelectiveRecompute = Literal["attention_block", "every_other_block", "every_othe
 # its selective recompute re-runs (costmodel/recompute.py `megatron_modules_*`).
 RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "moe", "shared_experts"]
 MEGATRON_DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
+# How a megatron plan's MoE blocks exchange tokens (Megatron-Core's --moe-token-dispatcher-type alltoall,
+# or flex with DeepEP; costmodel/moe.py `dispatch_combine_time_s`).
+MoEDispatcher = Literal["alltoall", "deepep"]
 
 
 # Busiest expert's tokens over its balanced share with an auxiliary balancing loss (Wang et al. 2024,
@@ -94,6 +97,14 @@ class Workload(BaseModel):
         "experts' activation function), mla_up_proj (MLA's up-projections and rope), mlp (the dense MLP), "
         "moe (the whole MoE layer, its all-to-alls included), shared_experts. Other engines' selective "
         "recompute is selective_recompute's.",
+    )
+
+    moe_dispatcher: MoEDispatcher = Field(
+        "alltoall",
+        description="How a megatron plan's MoE blocks send tokens to their experts. alltoall: NCCL's "
+        "all-to-all, every routed copy on its own (Megatron-Core's alltoall dispatcher). deepep: DeepSeek's "
+        "DeepEP (Megatron-Core's flex dispatcher), a token crosses the network once per remote node its "
+        "experts are on and reaches them over NVLink there (arXiv 2412.19437 §3.2.2).",
     )
 
     moe_load_imbalance: float = Field(

@@ -58,6 +58,9 @@ def test_each_architecture_reads_its_own_keys() -> None:
     assert v3.mla is not None and v3.mla.q_lora_rank == 1536 and v3.head_dim == 192 and v3.v_head_dim == 128
     assert v3.moe is not None and (v3.moe.first_dense_layers, v3.num_moe_layers) == (3, 58)
     assert (v3.moe.num_shared_experts, v3.moe.shared_width) == (1, 2048)
+    assert (v3.moe.expert_groups, v3.moe.groups_per_token) == (8, 4)  # node-limited routing
+    lite = model_spec_from_hf(config("deepseek-v2-lite")).moe
+    assert lite is not None and (lite.expert_groups, lite.groups_per_token) == (1, None)  # greedy
     lite = model_spec_from_hf(config("deepseek-v2-lite"))
     assert lite.mla is not None and lite.mla.q_lora_rank is None
     assert lite.attention_projections[0].name == "q_proj" and lite.moe.shared_width == 2 * 1408
@@ -116,6 +119,8 @@ def test_routers_are_dropless_unless_the_config_gives_a_capacity() -> None:
             "[1, 2, 3, 4, 5, … (200000 entries)]: dense blocks other than the leading ones",
         ),
         ("mixtral-8x7b", {"model_type": "mistral"}, "num_local_experts", "8 experts in a mistral config"),
+        ("deepseek-v3", {"n_group": 7}, "n_group", "7 does not divide n_routed_experts 256"),
+        ("deepseek-v3", {"topk_group": 9}, "topk_group", "9 exceeds n_group 8"),
     ],
 )
 def test_bad_moe_configs_are_one_line_naming_the_field(
