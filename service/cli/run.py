@@ -33,18 +33,17 @@ def summary(result: Any) -> str:
     """What a person needs after a run: the decision, its numbers, where the memo and records are."""
     lines = [result.message]
     p = result.predicted
-    if p:
-        for key, label, unit, scale in (
-            ("tokens_per_s", "throughput", "tokens/s", 1.0),
-            ("hours", "time", "h", 1.0),
-            ("dollars", "cost", "$", 1.0),
-            ("memory_per_gpu_bytes", "memory per GPU", "GiB", 2.0**30),
+    if p is not None:
+        for v, label, unit, scale in (
+            (p.tokens_per_s, "throughput", "tokens/s", 1.0),
+            (p.hours, "time", "h", 1.0),
+            (p.dollars, "cost", "$", 1.0),
+            (p.memory_per_gpu_bytes, "memory per GPU", "GiB", 2.0**30),
         ):
-            v = p[key]
-            lo, hi = v["interval"]
+            lo, hi = v.interval
             lines.append(
-                f"  {label:<22} {v['value'] / scale:>12,.2f} {unit:<9} "
-                f"80 %: {lo / scale:,.2f}–{hi / scale:,.2f} [{v['tag']}]"
+                f"  {label:<22} {v.value / scale:>12,.2f} {unit:<9} "
+                f"80 %: {lo / scale:,.2f}–{hi / scale:,.2f} [{v.tag}]"
             )
     fallback = result.memory_fallback
     if fallback is not None:

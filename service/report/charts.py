@@ -256,7 +256,7 @@ def cost_vs_throughput(result: RunResult, path: Path) -> Path | None:
             markersize=14,
             label=f"selected {sel_row.label} (80 %)",
         )
-    budget = result.budget.get("max_dollars")
+    budget = result.budget.max_dollars
     if budget:
         ax.axhline(budget, color="red", linestyle="--", label=f"max_dollars ${budget:,.0f}")
     log = all(d > 0 for _, d, _ in points)

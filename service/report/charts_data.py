@@ -78,8 +78,8 @@ def family_bars(result: RunResult) -> FamilyChart:
     budget = result.budget
     return FamilyChart(
         bars=bars,
-        max_hours=_positive(budget.get("max_hours")),
-        max_dollars=_positive(budget.get("max_dollars")),
+        max_hours=_positive(budget.max_hours),
+        max_dollars=_positive(budget.max_dollars),
         priced=any(b.dollars.high > 0 for b in bars),
     )
 
@@ -140,7 +140,7 @@ def proxies_on_cpu(result: RunResult) -> bool:
 
 def proxy_speed_unused(result: RunResult) -> bool:
     """Whether the proxies' tokens/s says nothing of production speed: CPU proxies for a GPU cluster."""
-    return proxies_on_cpu(result) and str(result.cluster.get("gpu", "")) != "cpu"
+    return proxies_on_cpu(result) and result.cluster.gpu != "cpu"
 
 
 @dataclass(frozen=True)

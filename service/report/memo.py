@@ -18,7 +18,16 @@ from service.report.memo_confidence import confidence_blocks
 from service.report.memo_goodput import goodput_blocks
 from service.report.memo_outputs import outputs
 from service.report.render import Block, to_html, to_markdown
-from service.report.result import CALIBRATED, MEASURED, PRIOR, PUBLISHED, Interval, PlanRow, RunResult
+from service.report.result import (
+    CALIBRATED,
+    MEASURED,
+    PRIOR,
+    PUBLISHED,
+    ClusterSummary,
+    Interval,
+    PlanRow,
+    RunResult,
+)
 from service.spec.plan import Plan
 from service.spec.units import GIB
 
@@ -64,12 +73,12 @@ def _plan_words(p: Plan) -> str:
     )
 
 
-def _network(c: dict[str, Any]) -> str:
+def _network(c: ClusterSummary) -> str:
     """The network the estimate assumed, where one is crossed: the infra lead checks it against theirs."""
-    bw = c.get("inter_node_bandwidth_gb_per_s")
-    if not bw or c.get("num_nodes", 1) <= 1:
+    bw = c.inter_node_bandwidth_gb_per_s
+    if not bw or c.num_nodes <= 1:
         return ""
-    return f"; between nodes {bw * 8 * c['gpus_per_node']:,.0f} Gb/s per node, {bw:g} GB/s per GPU"
+    return f"; between nodes {bw * 8 * c.gpus_per_node:,.0f} Gb/s per node, {bw:g} GB/s per GPU"
 
 
 def decision(r: RunResult) -> list[Block]:
@@ -79,18 +88,18 @@ def decision(r: RunResult) -> list[Block]:
     c = r.cluster
     mem = sel.memory_per_gpu_bytes
     text = (
-        f"Run **{sel.label}** on {c['num_gpus']} × {c['gpu']} "
-        f"({c['num_nodes']} nodes × {c['gpus_per_node']}{_network(c)}): "
+        f"Run **{sel.label}** on {c.num_gpus} × {c.gpu} "
+        f"({c.num_nodes} nodes × {c.gpus_per_node}{_network(c)}): "
         f"{_plan_words(sel.plan)}. It trains at {with_interval(sel.tokens_per_s, fmt_tokens, ' tokens/s')}, "
         f"taking {with_interval(sel.hours, fmt_hours, ' h')} and costing "
         f"{with_interval(sel.dollars, fmt_dollars)} with interruptions, checkpoints and restarts included. "
         f"Memory per GPU is {with_interval(mem, fmt_gib, ' GiB')} against a limit of "
-        f"{fmt_gib(sel.memory_limit_bytes)} GiB ({c['hbm_gib']:g} GiB HBM less "
-        f"{r.budget.get('memory_headroom', 0):.0%} headroom)."
+        f"{fmt_gib(sel.memory_limit_bytes)} GiB ({c.hbm_gib:g} GiB HBM less "
+        f"{r.budget.memory_headroom:.0%} headroom)."
     )
     blocks: list[Block] = [("h2", "Decision"), ("p", text)]
     blocks += goodput_blocks(r)
-    budget = ", ".join(f"{k} {v}" for k, v in r.budget.items() if v is not None)
+    budget = ", ".join(f"{k} {v}" for k, v in r.budget.model_dump().items() if v is not None)
     blocks.append(("p", f"Budget: {budget}. {r.plans_ranked:,} valid plans ranked. {r.message}"))
     return blocks
 
@@ -266,12 +275,12 @@ def extrapolation(r: RunResult) -> list[Block]:
     rows = [
         [
             k,
-            str(e.proxy.get(k)),
-            str(e.production.get(k)),
+            str(getattr(e.proxy, k)),
+            str(getattr(e.production, k)),
             f"{e.doublings[dkeys[k]]:.1f}"
             if k in dkeys
             else "other type"
-            if e.proxy.get(k) != e.production.get(k)
+            if getattr(e.proxy, k) != getattr(e.production, k)
             else "same",
         ]
         for k in keys

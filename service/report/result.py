@@ -17,6 +17,7 @@ from service.report.proxy_records import Calibration, ProxyDesign, ProxyValidati
 from service.spec.plan import Plan
 from service.spec.record import Metrics
 from service.spec.units import GIB
+from service.spec.workload import Budget
 
 PRIOR = "analytical prior"
 PUBLISHED = "fit on published runs"  # the shipped parameter set (benchmarks/published), not these proxies
@@ -47,8 +48,50 @@ class Interval(BaseModel):
     def __repr__(self) -> str:
         return f"Interval({self.value:,.4g} [{self.low:,.4g}, {self.high:,.4g}] {self.tag})"
 
-    def public(self) -> dict[str, Any]:
-        return {"value": self.value, "interval": [self.low, self.high], "tag": self.tag}
+    def public(self) -> Figure:
+        return Figure(value=self.value, interval=(self.low, self.high), tag=self.tag)
+
+
+class Figure(BaseModel):
+    """A headline number as `run --json` prints it: the value, its 80 % interval, its provenance tag."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: float
+    interval: tuple[float, float]
+    tag: str
+
+
+class Headline(BaseModel):
+    """The selected plan's predicted numbers (`RunResult.predicted`); hours and dollars include goodput."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tokens_per_s: Figure
+    hours: Figure
+    dollars: Figure
+    memory_per_gpu_bytes: Figure
+    memory_limit_bytes: float
+    mfu: float
+
+    def figures(self) -> dict[str, Figure]:
+        """The four numbers with intervals, by name."""
+        names = ("tokens_per_s", "hours", "dollars", "memory_per_gpu_bytes")
+        return {name: getattr(self, name) for name in names}
+
+
+class ClusterSummary(BaseModel):
+    """The cluster the selected plan runs on, as the memo states it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    num_nodes: int
+    gpus_per_node: int
+    num_gpus: int
+    price_per_gpu_hour_usd: float
+    hbm_gib: float
+    inter_node_bandwidth_gb_per_s: float | None = None
 
 
 class PlanRow(BaseModel):
@@ -94,7 +137,7 @@ class ProxyTrial(BaseModel):
     trial_id: str
     production_label: str
     proxy_label: str
-    proxy_plan: dict[str, Any]
+    proxy_plan: Plan
     status: str
     reason: str = ""
     measured: Metrics = Metrics()
@@ -235,11 +278,25 @@ class Alternative(BaseModel):
     outcome: str  # "selected", or why it lost
 
 
-class Extrapolation(BaseModel):
+class Scale(BaseModel):
+    """A model on a cluster, as far as extrapolating from a proxy to production goes."""
+
     model_config = ConfigDict(frozen=True)
 
-    proxy: dict[str, Any]
-    production: dict[str, Any]
+    layers: int
+    hidden_size: int
+    seq_len: int
+    gpus: int
+    device: str
+
+
+class Extrapolation(BaseModel):
+    """How far the production plan lies from its proxies, and how much that widens the memory interval."""
+
+    model_config = ConfigDict(frozen=True)
+
+    proxy: Scale
+    production: Scale
     doublings: dict[str, float]
     widening: float
     rule: str
@@ -252,12 +309,12 @@ class RunResult(BaseModel):
 
     experiment: str
     objective: str
-    budget: dict[str, Any]
-    cluster: dict[str, Any]
+    budget: Budget
+    cluster: ClusterSummary
     created: str
     selected_plan: Plan | None
     selected_label: str | None
-    predicted: dict[str, Any]  # tokens_per_s, hours, dollars, memory_per_gpu_bytes: {value, interval, tag}
+    predicted: Headline | None = None  # None when no plan was selected
     message: str
     binding_constraint: str | None = None
     plans_ranked: int = 0
@@ -294,8 +351,7 @@ class RunResult(BaseModel):
         return next((r for r in self.rows if r.status == "selected"), None)
 
     def _value(self, key: str) -> float | None:
-        entry = self.predicted.get(key)
-        return None if not entry else float(entry["value"])
+        return None if self.predicted is None else self.predicted.figures()[key].value
 
     @property
     def dollars(self) -> float | None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.report.proxy_records import Calibration, ProxyDesign, ProxyError, ProxyValidation
-from service.report.result import Extrapolation
+from service.report.result import Extrapolation, Scale
 from service.search.result import TrialRecord
 from service.spec.experiment import ExperimentSpec
 from service.spec.params import MEMORY_PARAMS, TIME_PARAMS, ModelParams
@@ -245,20 +245,20 @@ def extrapolation(
     if not measured:
         widening = 1.0
     return Extrapolation(
-        proxy={
-            "layers": proxy.num_layers,
-            "hidden_size": hidden,
-            "seq_len": seq,
-            "gpus": proxy.num_workers,
-            "device": design.gpu or proxy.device,
-        },
-        production={
-            "layers": model.num_layers,
-            "hidden_size": model.hidden_size,
-            "seq_len": experiment.workload.seq_len,
-            "gpus": experiment.cluster.num_gpus,
-            "device": experiment.cluster.gpu.name,
-        },
+        proxy=Scale(
+            layers=proxy.num_layers,
+            hidden_size=hidden,
+            seq_len=seq,
+            gpus=proxy.num_workers,
+            device=design.gpu or proxy.device,
+        ),
+        production=Scale(
+            layers=model.num_layers,
+            hidden_size=model.hidden_size,
+            seq_len=experiment.workload.seq_len,
+            gpus=experiment.cluster.num_gpus,
+            device=experiment.cluster.gpu.name,
+        ),
         doublings=d,
         widening=widening,
         rule=MEMORY_RULE if measured else NO_PROXY_RULE,

@@ -249,7 +249,7 @@ def finish(
     )
     result.save(folder / RESULT_FILE)
     files = [folder / "ds_config.json", folder / "launch.sh", *memo.values(), folder / RESULT_FILE]
-    log_outputs(tracker, key, result.to_json(), files)
+    log_outputs(tracker, key, result, files)
     if remote:
         storage.publish(folder, "run", folder.name, remote)
     return result

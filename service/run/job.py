@@ -25,7 +25,17 @@ import numpy as np
 
 from service.plans.select import MEETS_BUDGET
 from service.report.proxy_records import ProxyChoice, ProxyDesign
-from service.report.result import CALIBRATED, PRIOR, PUBLISHED, Alternative, ProxyTrial, RunResult
+from service.report.result import (
+    CALIBRATED,
+    PRIOR,
+    PUBLISHED,
+    Alternative,
+    ClusterSummary,
+    Headline,
+    PlanRow,
+    ProxyTrial,
+    RunResult,
+)
 from service.run import calibration as cal
 from service.run.decide import Scored, best_cluster, score
 from service.run.evidence import evidence, tie_group
@@ -214,7 +224,7 @@ class Run:
         result = RunResult(
             experiment=spec.name,
             objective=spec.budget.objective,
-            budget=spec.budget.model_dump(),
+            budget=spec.budget,
             cluster=_cluster_info(main),
             created=datetime.now(UTC).isoformat(timespec="seconds"),
             selected_plan=selected.plan if selected else None,
@@ -272,7 +282,7 @@ class Run:
                     trial_id=t.trial_id,
                     production_label=choice.plan.short() if choice else "",
                     proxy_label=t.key,
-                    proxy_plan=t.plan.model_dump(),
+                    proxy_plan=t.plan,
                     status=t.status,
                     reason=t.reason,
                     measured=t.measured,
@@ -302,30 +312,30 @@ def _scatter(s: Scored) -> list[list[float]]:
     ]
 
 
-def _cluster_info(s: Scored) -> dict[str, Any]:
+def _cluster_info(s: Scored) -> ClusterSummary:
     c = s.cluster
-    return {
-        "gpu": c.gpu.name,
-        "num_nodes": c.num_nodes,
-        "gpus_per_node": c.gpus_per_node,
-        "num_gpus": c.num_gpus,
-        "price_per_gpu_hour_usd": c.price_usd_per_gpu_hour,
-        "hbm_gib": c.gpu.hbm_gib,
-        "inter_node_bandwidth_gb_per_s": c.gpu.inter_node_bandwidth_gb_per_s,
-    }
+    return ClusterSummary(
+        gpu=c.gpu.name,
+        num_nodes=c.num_nodes,
+        gpus_per_node=c.gpus_per_node,
+        num_gpus=c.num_gpus,
+        price_per_gpu_hour_usd=c.price_usd_per_gpu_hour,
+        hbm_gib=c.gpu.hbm_gib,
+        inter_node_bandwidth_gb_per_s=c.gpu.inter_node_bandwidth_gb_per_s,
+    )
 
 
-def _predicted(row: Any) -> dict[str, Any]:
+def _predicted(row: PlanRow | None) -> Headline | None:
     if row is None:
-        return {}
-    return {
-        "tokens_per_s": row.tokens_per_s.public(),
-        "hours": row.hours.public(),
-        "dollars": row.dollars.public(),
-        "memory_per_gpu_bytes": row.memory_per_gpu_bytes.public(),
-        "memory_limit_bytes": row.memory_limit_bytes,
-        "mfu": row.mfu,
-    }
+        return None
+    return Headline(
+        tokens_per_s=row.tokens_per_s.public(),
+        hours=row.hours.public(),
+        dollars=row.dollars.public(),
+        memory_per_gpu_bytes=row.memory_per_gpu_bytes.public(),
+        memory_limit_bytes=row.memory_limit_bytes,
+        mfu=row.mfu,
+    )
 
 
 def _message(main: Scored, selected: Any, robust_note: str) -> str:

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from service.report.result import RunResult
 from service.spec.experiment import ExperimentSpec
 from service.spec.hardware import ClusterSpec
 from service.spec.plan import Plan
@@ -102,19 +103,18 @@ def open_parent_run(experiment: ExperimentSpec, key: str, run_name: str) -> tupl
     return tracker, tracker.run_id(key), target.uri
 
 
-def log_outputs(tracker: Any, key: str, result: dict[str, Any], files: list[Path]) -> None:
+def log_outputs(tracker: Any, key: str, result: RunResult, files: list[Path]) -> None:
     """Tags for the selected plan, metrics for the prediction (with its interval), memo, configs,
     plots and result as artifacts; then closes the parent run."""
-    predicted = result.get("predicted", {})
     metrics: dict[str, float] = {}
-    for k, v in predicted.items():
-        if isinstance(v, dict):
-            metrics[f"predicted_{k}"] = v["value"]
-            metrics[f"predicted_{k}_low"], metrics[f"predicted_{k}_high"] = v["interval"]
-    plan = result.get("selected_plan") or {}
+    if result.predicted is not None:
+        for k, figure in result.predicted.figures().items():
+            metrics[f"predicted_{k}"] = figure.value
+            metrics[f"predicted_{k}_low"], metrics[f"predicted_{k}_high"] = figure.interval
+    plan = result.selected_plan.model_dump(mode="json") if result.selected_plan is not None else {}
     tags = {
-        "run.selected_plan": result.get("selected_label") or "none",
-        "run.message": str(result.get("message", ""))[:4000],
+        "run.selected_plan": result.selected_label or "none",
+        "run.message": result.message[:4000],
         **{f"run.selected.{k}": v for k, v in plan.items()},
     }
     tracker.log_batch(key, metrics=metrics, tags=tags)

@@ -14,6 +14,7 @@ from service.report.charts import draw_all, proxy_chart
 from service.report.charts_data import GIB, TERMS, family_bars, memory_bars, proxy_text
 from service.report.memo import proxies as proxy_blocks
 from service.report.result import Interval, PlanRow, ProxyTrial, RunResult
+from service.spec.workload import Budget
 
 REPO = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -105,7 +106,7 @@ def test_one_bar_per_family_with_its_best_plans_intervals(runs: dict[str, RunRes
             else:
                 ranks = [x.rank for x in r.rows if family in x.families and x.rank is not None]
                 assert row.rank == min(ranks)
-    assert chart.max_hours == r.budget.get("max_hours") and chart.max_dollars == r.budget.get("max_dollars")
+    assert chart.max_hours == r.budget.max_hours and chart.max_dollars == r.budget.max_dollars
 
 
 def test_family_bar_is_the_selected_plan_else_the_best_ranked(runs: dict[str, RunResult]) -> None:
@@ -123,7 +124,7 @@ def test_family_bar_is_the_selected_plan_else_the_best_ranked(runs: dict[str, Ru
         row("c", "costlier", 4, ["y"], 4.0),
         row("d", "over memory", None, ["z"], 1.0),  # unranked: only when nothing else is in its family
     ]
-    r = runs["seed"].model_copy(update={"rows": rows, "budget": {"max_hours": 24.0, "max_dollars": None}})
+    r = runs["seed"].model_copy(update={"rows": rows, "budget": Budget(max_hours=24.0)})
     chart = family_bars(r)
     assert [(b.family, b.label) for b in chart.bars] == [("x", "a"), ("y", "b"), ("z", "d")]
     merged = family_bars(r.model_copy(update={"rows": [row("a", "selected", 1, ["x", "y"], 3.0)]}))

@@ -69,14 +69,15 @@ def test_memo_numbers_are_the_json_numbers(plan_only: RunResult) -> None:
     p = plan_only.predicted
     decision = md.split("## Decision", 1)[1].split("##", 1)[0]
     assert plan_only.selected_label and plan_only.selected_label in decision
-    assert fmt_tokens(p["tokens_per_s"]["value"]) in decision
-    lo, hi = p["dollars"]["interval"]
-    assert f"{fmt_dollars(p['dollars']['value'])} (80 %: {fmt_dollars(lo)}–{fmt_dollars(hi)})" in decision
-    assert fmt_hours(p["hours"]["value"]) in decision
-    assert fmt_gib(p["memory_per_gpu_bytes"]["value"]) + " GiB" in decision
+    assert p is not None and fmt_tokens(p.tokens_per_s.value) in decision
+    lo, hi = p.dollars.interval
+    assert f"{fmt_dollars(p.dollars.value)} (80 %: {fmt_dollars(lo)}–{fmt_dollars(hi)})" in decision
+    assert fmt_hours(p.hours.value) in decision
+    assert fmt_gib(p.memory_per_gpu_bytes.value) + " GiB" in decision
     assert f"{plan_only.goodput.checkpoint_interval_hours:.2f} h" in decision
     saved = json.loads((Path(plan_only.out_dir) / "result.json").read_text())
-    assert saved["predicted"] == json.loads(json.dumps(p))
+    assert saved["predicted"] == p.model_dump(mode="json")
+    assert set(saved["predicted"]["tokens_per_s"]) == {"value", "interval", "tag"}
 
 
 def test_memo_has_every_section_tags_and_gpu_types(plan_only: RunResult) -> None:
@@ -85,7 +86,8 @@ def test_memo_has_every_section_tags_and_gpu_types(plan_only: RunResult) -> None
         assert f"## {section}" in md, section
     assert "[prior]" in md  # memory: no proxy ran here
     # Time numbers come from the shipped parameter set, fit on published runs, not from a prior.
-    assert "[published fit]" in md and plan_only.predicted["tokens_per_s"]["tag"] == "fit on published runs"
+    assert "[published fit]" in md and plan_only.predicted is not None
+    assert plan_only.predicted.tokens_per_s.tag == "fit on published runs"
     assert "Kokolis et al. 2024" in md and "47.7 days" in md  # the cited rate for 32 GPUs
     assert "### GPU types under the same budget" in md and "a100-sxm-80gb" in md
     assert {a.gpu for a in plan_only.alternatives} == {"h100-sxm-80gb", "a100-sxm-80gb"}

@@ -38,13 +38,13 @@ def test_memo_renders_with_charts_and_the_json_numbers(tiny_run) -> None:
                 assert width > 100, f"chart {chart} did not decode"
             decision = page.locator("h2:text('Decision') + p").inner_text()
             pred = r.predicted
-            assert r.selected_label in decision
-            assert fmt_tokens(pred["tokens_per_s"]["value"]) in decision
-            assert fmt_hours(pred["hours"]["value"]) in decision
-            assert fmt_dollars(pred["dollars"]["value"]) in decision
-            mem = pred["memory_per_gpu_bytes"]
-            assert f"{fmt_gib(mem['value'])} GiB" in decision
-            assert f"{fmt_gib(mem['interval'][0])}–{fmt_gib(mem['interval'][1])} GiB" in decision
+            assert pred is not None and r.selected_label in decision
+            assert fmt_tokens(pred.tokens_per_s.value) in decision
+            assert fmt_hours(pred.hours.value) in decision
+            assert fmt_dollars(pred.dollars.value) in decision
+            mem = pred.memory_per_gpu_bytes
+            assert f"{fmt_gib(mem.value)} GiB" in decision
+            assert f"{fmt_gib(mem.interval[0])}–{fmt_gib(mem.interval[1])} GiB" in decision
             body = page.inner_text("body")
             for proxy in r.proxies:
                 assert proxy.proxy_label in body

@@ -23,4 +23,4 @@ def test_no_proxies_means_no_calibrated_tag(tmp_path: Path) -> None:
     tags = {getattr(row, name).tag for row in result.rows for name in ("tokens_per_s", "hours", "dollars")}
     tags |= {row.memory_per_gpu_bytes.tag for row in result.rows}
     assert CALIBRATED not in tags and tags <= {PRIOR, PUBLISHED}
-    assert result.predicted["dollars"]["tag"] != CALIBRATED
+    assert result.predicted is not None and result.predicted.dollars.tag != CALIBRATED

@@ -30,7 +30,7 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     # fitted too (after the memory term)
     assert r.calibration.calibrated and r.calibration.fitted[0] == "activation_memory_scale"
     assert "gemm_efficiency_scale" in r.calibration.fitted and r.calibration.source.startswith("proxies:")
-    assert r.predicted["tokens_per_s"]["tag"] == "calibrated on proxies"
+    assert r.predicted is not None and r.predicted.tokens_per_s.tag == "calibrated on proxies"
     from service.run.job import time_provenance
     from service.spec.params import ModelParams, load_params
 
@@ -69,9 +69,7 @@ def test_mlflow_parent_run_has_trials_memo_and_selected_plan(tiny_run) -> None:
     client = MlflowClient(tiny_run.uri)
     parent = client.get_run(r.mlflow_run_id)
     assert parent.data.tags["run.selected_plan"] == r.selected_label
-    assert parent.data.metrics["predicted_tokens_per_s"] == pytest.approx(
-        r.predicted["tokens_per_s"]["value"]
-    )
+    assert parent.data.metrics["predicted_tokens_per_s"] == pytest.approx(r.tokens_per_s)
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )

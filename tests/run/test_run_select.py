@@ -42,7 +42,7 @@ def _run_without_proxies(tmp_path: Path, **budget: float):
 
 def test_budget_too_small_for_any_plan_says_what_binds(tmp_path: Path) -> None:
     result = _run_without_proxies(tmp_path, max_dollars=20)
-    assert result.selected_plan is None and result.predicted == {}
+    assert result.selected_plan is None and result.predicted is None
     assert result.binding_constraint == "max_dollars"
     assert "no plan meets the budget" in result.message and "$20" in result.message
     memo = Path(result.memo_paths["markdown"]).read_text()
@@ -56,11 +56,12 @@ def test_without_proxies_the_memory_interval_is_the_prior_error_not_widened(tmp_
     result = _run_without_proxies(tmp_path)
     assert result.extrapolation is not None
     assert result.extrapolation.widening == 1.0 and result.extrapolation.rule == NO_PROXY_RULE
-    memory = result.predicted["memory_per_gpu_bytes"]
-    low, high = memory["interval"]
+    assert result.predicted is not None
+    memory = result.predicted.memory_per_gpu_bytes
+    low, high = memory.interval
     # total ± 25 % of (activations + model state): never the 0 … 2× a proxy distance would give
-    assert memory["value"] * (1 - PRIOR_ACTIVATION_ERROR) <= low < memory["value"] < high
-    assert high <= memory["value"] * (1 + PRIOR_ACTIVATION_ERROR)
+    assert memory.value * (1 - PRIOR_ACTIVATION_ERROR) <= low < memory.value < high
+    assert high <= memory.value * (1 + PRIOR_ACTIVATION_ERROR)
 
 
 def test_deadline_forces_a_costlier_plan() -> None:
