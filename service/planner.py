@@ -183,7 +183,7 @@ class PlanResult:
             "plans_evaluated": self.plans_evaluated,
             "rejected_counts": self.rejected_counts,
             "elapsed_s": self.elapsed_s,
-            "params": self._ranking.estimates.params.summary(),
+            "params": self._ranking.estimates.params.summary().model_dump(),
         }
 
     @property

@@ -251,7 +251,7 @@ def calibration_report(params: ModelParams, cv: CrossValidation | None) -> dict[
     """What `calibrate --json` prints: the set, its fitted values with their bands, which sit at a
     bound, the domain it saw and, when it was run, the cross-validation."""
     out: dict[str, Any] = {
-        "params": params.summary(),
+        "params": params.summary().model_dump(),
         "values": {k: b.model_dump() for k, b in params.values.items()},
         "at_bounds": params.at_bounds(),
         "domain": params.domain.model_dump(),

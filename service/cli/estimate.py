@@ -386,7 +386,7 @@ def render(est: Any, inputs: dict[str, Any]) -> str:
             f"{inputs['tokens_to_train']:.3g} tokens: {est.hours:,.2f} h "
             f"({span(est.hours_interval, ',.2f')}), "
             f"${est.dollars:,.0f} ({span(est.dollars_interval, ',.0f', '$')})",
-            f"parameter set {est.params['name']!r} (fit on {', '.join(est.params['fit_on']) or 'nothing'}); "
-            f"interval: {est.params['interval']}",
+            f"parameter set {est.params.name!r} (fit on {', '.join(est.params.fit_on) or 'nothing'}); "
+            f"interval: {est.params.interval}",
         ]
     )

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from service.spec.params import ModelParams
+from service.spec.params import ModelParams, ParamsSummary
 from service.spec.plan import Plan
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -124,7 +123,7 @@ class Estimate(BaseModel):
     tokens_per_s_interval: tuple[float, float]  # 80 %: (low, high)
     hours_interval: tuple[float, float]
     dollars_interval: tuple[float, float]
-    params: dict[str, Any]  # which parameter set, fit on what, how the interval was made
+    params: ParamsSummary  # which parameter set, fit on what, how the interval was made
 
     @classmethod
     def from_table(cls, table: EstimateTable, plan: Plan, i: int = 0) -> Estimate:

@@ -52,8 +52,7 @@ def default_thresholds(experiment: Any, plan: Any, params: Any = None) -> Thresh
         min_tps = float(e.tokens_per_s_interval[0])
         max_mem = float(e.memory_limit_bytes)
         sources["min_tokens_per_s"] = (
-            f"low end of the estimate's 80 % interval ({e.tokens_per_s:,.0f} predicted; "
-            f"{e.params['interval']})"
+            f"low end of the estimate's 80 % interval ({e.tokens_per_s:,.0f} predicted; {e.params.interval})"
         )
         sources["max_memory_bytes"] = (
             f"the estimate's memory limit ({experiment.cluster.gpu.name} HBM less headroom)"

@@ -384,7 +384,7 @@ def blocks(r: RunResult) -> list[Block]:
     out += [("h2", "Risks"), ("ul", r.risks or ["none found"])]
     out += [
         ("h2", "Assumptions and sources"),
-        ("table", ["assumption", "source"], [[a["what"], a["source"]] for a in r.assumptions]),
+        ("table", ["assumption", "source"], [[a.what, a.source] for a in r.assumptions]),
     ]
     return out + outputs(r)
 

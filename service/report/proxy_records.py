@@ -6,9 +6,9 @@ and the charts read their fields, and they serialise to the same JSON keys a run
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field
+
+from service.spec.params import ParamsSummary
 
 
 class ProxyChoice(BaseModel):
@@ -50,8 +50,8 @@ class Calibration(BaseModel):
     before: dict[str, float] = Field(default_factory=dict)
     after: dict[str, float] = Field(default_factory=dict)
     time_terms: str = ""
-    params: dict[str, Any] = Field(default_factory=dict)  # ModelParams.summary() of the result
-    prior: dict[str, Any] = Field(default_factory=dict)  # ModelParams.summary() of the starting set
+    params: ParamsSummary | None = None  # the resulting set
+    prior: ParamsSummary | None = None  # the starting set
     at_bounds: dict[str, str] = Field(default_factory=dict)  # parameter: the edge of its band it sits on
     source: str = ""  # "proxies:<search name>"
 

@@ -278,6 +278,15 @@ class Alternative(BaseModel):
     outcome: str  # "selected", or why it lost
 
 
+class Assumption(BaseModel):
+    """One thing the memo's numbers rest on, and where it comes from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    what: str
+    source: str
+
+
 class Scale(BaseModel):
     """A model on a cluster, as far as extrapolating from a proxy to production goes."""
 
@@ -333,7 +342,7 @@ class RunResult(BaseModel):
     experts: ExpertParallelism | None = None  # MoE models only
     alternatives: list[Alternative] = Field(default_factory=list)
     risks: list[str] = Field(default_factory=list)
-    assumptions: list[dict[str, str]] = Field(default_factory=list)
+    assumptions: list[Assumption] = Field(default_factory=list)
     ds_config: dict[str, Any] = Field(default_factory=dict)
     ds_config_path: str | None = None
     launch_command: str | None = None  # the Ray job (python -m service train), else the DeepSpeed launcher

@@ -10,7 +10,7 @@ from typing import Any
 from service.cluster import storage
 from service.plans.select import GIB
 from service.report.proxy_records import Calibration
-from service.report.result import RunResult
+from service.report.result import Assumption, RunResult
 from service.run.decide import LAUNCHED_ENGINES, Scored
 from service.run.outputs import (
     dump_json,
@@ -23,6 +23,7 @@ from service.run.outputs import (
 )
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec
+from service.spec.params import ParamsSummary
 from service.spec.plan import Plan
 
 RESULT_FILE = "result.json"
@@ -89,9 +90,7 @@ def risks(result: RunResult) -> list[str]:
 CLUSTER_FILE = "ray_cluster.yaml"  # the shipped cluster file, at the repository's top
 
 
-def cluster_network(
-    spec: ExperimentSpec, cluster_file: Path | None = None
-) -> tuple[dict[str, str], str | None]:
+def cluster_network(spec: ExperimentSpec, cluster_file: Path | None = None) -> tuple[Assumption, str | None]:
     """The inter-node bandwidth the plan is priced at beside what the cluster file delivers per node
     (service.cluster.network: counted from its EFA interfaces); a risk when the file delivers less.
     One node, or no cluster file: the assumption row alone."""
@@ -99,18 +98,18 @@ def cluster_network(
     from service.tracking.uri import repo_root
 
     priced_gbps = spec.cluster.gpu.inter_node_bandwidth_gb_per_s * 8 * spec.cluster.gpus_per_node
-    row = {
-        "what": f"inter-node network {priced_gbps:,.0f} Gb/s per node",
-        "source": "GPU catalog, experiment",
-    }
+    row = Assumption(
+        what=f"inter-node network {priced_gbps:,.0f} Gb/s per node", source="GPU catalog, experiment"
+    )
     path = cluster_file or repo_root() / CLUSTER_FILE
     if spec.cluster.num_nodes <= 1 or not path.is_file():
         return row, None
     try:
         gbps, _, why = declared_network(path)
     except SpecError as err:
-        return {**row, "source": f"{row['source']}; {path.name} unreadable: {err}"}, None
-    row = {**row, "source": f"{row['source']}; {path.name} delivers {gbps:,.0f} Gb/s per node: {why}"}
+        return row.model_copy(update={"source": f"{row.source}; {path.name} unreadable: {err}"}), None
+    delivers = f"{row.source}; {path.name} delivers {gbps:,.0f} Gb/s per node: {why}"
+    row = row.model_copy(update={"source": delivers})
     if gbps >= priced_gbps:
         return row, None
     return row, (
@@ -132,9 +131,9 @@ def _plan_b(result: RunResult) -> str:
     )
 
 
-def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]:
+def assumptions(result: RunResult, spec: ExperimentSpec) -> list[Assumption]:
     gp, n = spec.goodput, spec.cluster.num_gpus
-    return [
+    rows = [
         {
             "what": "memory and time formulas",
             "source": "service/costmodel: ZeRO (Rajbhandari et al. 2020), "
@@ -168,6 +167,7 @@ def assumptions(result: RunResult, spec: ExperimentSpec) -> list[dict[str, str]]
         {"what": "proxies", "source": result.proxy_design.why},
         *_engines_row(spec),
     ]
+    return [Assumption(**row) for row in rows]
 
 
 def _engines_row(spec: ExperimentSpec) -> list[dict[str, str]]:
@@ -195,12 +195,11 @@ def _memory_source(cal: Calibration) -> str:
     )
 
 
-def _summary(s: dict[str, Any] | None) -> str:
-    if not s:
+def _summary(s: ParamsSummary | None) -> str:
+    if s is None:
         return "analytical prior"
-    fit_on = ", ".join(s.get("fit_on") or []) or "nothing (analytical prior)"
-    runs = s.get("fit_runs", 0)
-    return f"{s.get('name')} v{s.get('version')}, fit on {fit_on} ({runs} runs); {s.get('interval')}"
+    fit_on = ", ".join(s.fit_on) or "nothing (analytical prior)"
+    return f"{s.name} v{s.version}, fit on {fit_on} ({s.fit_runs} runs); {s.interval}"
 
 
 def finish(

@@ -296,14 +296,14 @@ class ModelParams(BaseModel):
             unseen = [n not in anywhere for n in stacks.names]
         return np.where(unseen, self.widen_unseen_stack, 0.0)[stacks.codes]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ParamsSummary:
         """What `estimate --json` and `plan --json` print under `params`."""
-        return {
-            "name": self.name,
-            "version": self.version,
-            "fit_on": self.fit_on,
-            "fit_runs": self.fit_runs,
-            "interval": (
+        return ParamsSummary(
+            name=self.name,
+            version=self.version,
+            fit_on=list(self.fit_on),
+            fit_runs=self.fit_runs,
+            interval=(
                 f"80 %: out-of-sample (leave-one-source-out) log residuals q10 {self.residuals.q10:+.3f}, "
                 f"q90 {self.residuals.q90:+.3f} over {self.residuals.n} runs, widened outside the fit"
                 if self.has_interval
@@ -311,7 +311,20 @@ class ModelParams(BaseModel):
                 if self.fit_runs
                 else "none: uncalibrated analytical prior"
             ),
-        }
+        )
+
+
+class ParamsSummary(BaseModel):
+    """Which parameter set scored a number: its name and version, what it was fit on, how its interval
+    was made (`ModelParams.summary`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    version: int
+    fit_on: list[str]
+    fit_runs: int
+    interval: str
 
 
 def interval_bounds(

@@ -18,8 +18,8 @@ SEED = load_experiment(REPO / "experiments" / "llama2-13b-32xh100.yaml")
 def test_the_shipped_cluster_file_delivers_what_the_seed_is_priced_at():
     row, risk = cluster_network(SEED)
     assert risk is None
-    assert row["what"] == "inter-node network 3,200 Gb/s per node"
-    assert "ray_cluster.yaml delivers 3,200 Gb/s per node: gpu-8xh100 (p5.48xlarge): 32 EFA" in row["source"]
+    assert row.what == "inter-node network 3,200 Gb/s per node"
+    assert "ray_cluster.yaml delivers 3,200 Gb/s per node: gpu-8xh100 (p5.48xlarge): 32 EFA" in row.source
 
 
 def test_a_cluster_file_without_efa_is_a_risk_with_the_bandwidth_to_replan_at(tmp_path):
@@ -29,7 +29,7 @@ def test_a_cluster_file_without_efa_is_a_risk_with_the_bandwidth_to_replan_at(tm
     path = tmp_path / "ray_cluster.yaml"
     path.write_text(yaml.safe_dump(data))
     row, risk = cluster_network(SEED, path)
-    assert "ray_cluster.yaml delivers 100 Gb/s per node" in row["source"]
+    assert "ray_cluster.yaml delivers 100 Gb/s per node" in row.source
     assert risk is not None and risk.startswith(
         "network: ray_cluster.yaml delivers 100 Gb/s per node, below the 3,200 Gb/s the plan is priced at"
     )
@@ -39,4 +39,4 @@ def test_a_cluster_file_without_efa_is_a_risk_with_the_bandwidth_to_replan_at(tm
 def test_one_node_needs_no_network():
     one_node = SEED.model_copy(update={"cluster": SEED.cluster.model_copy(update={"num_nodes": 1})})
     row, risk = cluster_network(one_node)
-    assert risk is None and row["source"] == "GPU catalog, experiment"
+    assert risk is None and row.source == "GPU catalog, experiment"
