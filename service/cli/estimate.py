@@ -16,39 +16,13 @@ from service.cli.args import finite_float
 from service.cli.args import positive_int as _positive_int
 from service.spec.engine import Engine
 from service.spec.plan import Precision, Recompute, ZeroStage
+from service.spec.request import DEFAULT_HEADROOM
 from service.spec.workload import (
     MEGATRON_DEFAULT_RECOMPUTE_MODULES,
     MoEDispatcher,
     RecomputeModule,
     SelectiveRecompute,
 )
-
-# plan_problem's field -> the flag a user of this command would change.
-FLAGS = {
-    "dp": "--gpus",
-    "tp": "--tp",
-    "pp": "--pp",
-    "zero_stage": "--zero",
-    "offload_optimizer": "--offload-optimizer",
-    "offload_params": "--offload-params",
-    "sequence_parallel": "--sequence-parallel",
-    "micro_batch": "--micro-batch",
-    "grad_accum": "--grad-accum",
-    "virtual_stages": "--virtual-stages",
-    "engine": "--engine",
-    "precision": "--precision",
-    "cp": "--cp",
-    "zero_hpz_partition_size": "--zero-hpz",
-    "shard_group_size": "--shard-group-size",
-    "zero_quantized_weights": "--zero-quantized-weights",
-    "zero_quantized_gradients": "--zero-quantized-gradients",
-    "comm_overlap": "--comm-overlap",
-    "tp_comm_overlap": "--tp-comm-overlap",
-    "ep": "--ep",
-    "ep_comm_overlap": "--ep-comm-overlap",
-    "expert_tp": "--expert-tp",
-    "moe_load_imbalance": "--moe-load-imbalance",
-}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +160,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1e9,
         help="Tokens the run trains, for hours and dollars (1e9).",
     )
-    a("--headroom", type=finite_float, default=0.10, help="Fraction of GPU memory kept free (default 0.10).")
+    a(
+        "--headroom",
+        type=finite_float,
+        default=DEFAULT_HEADROOM,
+        help="Fraction of GPU memory kept free (default 0.10).",
+    )
     a(
         "--price-per-gpu-hour",
         type=finite_float,
@@ -204,127 +183,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--json", action="store_true", help="Print JSON instead of a table.")
 
 
-def _flag_error(flag: str, err: Exception) -> Exception:
-    from service.spec import SpecError
-
-    message = err.message if isinstance(err, SpecError) else str(err)
-    return SpecError(flag, message) if not getattr(err, "source", None) else err
+# A request field whose flag is not `--` + the field with dashes.
+NEGATED_FLAGS = {"flash_attention": "--no-flash-attention", "cudnn_attention": "--no-cudnn-attention"}
 
 
-def _allowed(field: str, values: dict[str, Any], model: Any, cluster: Any) -> str:
-    """The values of `field` that would pass, other flags unchanged ('' when not a layout field)."""
-    from service.spec.plan import Plan, allowed_values
-
-    if field not in ("tp", "pp", "cp"):
-        return ""
-    ok = allowed_values(field, Plan.model_construct(**values), model, cluster)
-    return f"; allowed {FLAGS[field]} for this model and cluster: {', '.join(map(str, ok)) or 'none'}"
+def flag_of(field: str) -> str:
+    """The flag that sets `PlanRequest.field`."""
+    return NEGATED_FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
 def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    """(model, cluster, plan, workload) from the flags; `SpecError` naming the flag on bad input."""
-    from service.catalog import load_gpu, load_model
-    from service.spec import ClusterSpec, Plan, SpecError, Workload, plan_problem
+    """(model, cluster, plan, workload) from the flags through `PlanRequest`; `SpecError` naming the
+    flag on bad input."""
+    from service.spec import SpecError
     from service.spec.errors import validate_as
-    from service.spec.hardware import MAX_GPUS
-    from service.spec.workload import MAX_SEQ_LEN
+    from service.spec.request import PlanRequest
 
-    if args.gpus > MAX_GPUS:
-        raise SpecError("--gpus", f"{args.gpus:,} GPUs; allowed: at most {MAX_GPUS:,}")
-    if args.seq_len > MAX_SEQ_LEN:
-        raise SpecError("--seq-len", f"{args.seq_len:,} tokens; allowed: at most {MAX_SEQ_LEN:,}")
-
+    given = {name: getattr(args, name) for name in PlanRequest.model_fields if hasattr(args, name)}
+    given |= {
+        "flash_attention": not args.no_flash_attention,
+        "cudnn_attention": not args.no_cudnn_attention,
+        "recompute_modules": tuple(args.recompute_modules),
+    }
     try:
-        model = load_model(args.model)
+        return validate_as(PlanRequest, given).resolve()
     except SpecError as err:
-        raise _flag_error("--model", err) from None
-    try:
-        gpu = load_gpu(args.gpu)
-        cluster = ClusterSpec.from_gpu_count(gpu, args.gpus, args.gpus_per_node)
-    except SpecError as err:
-        raise _flag_error("--gpu", err) from None
-    except ValueError as err:
-        raise SpecError("--gpus", f"{err}; allowed: a multiple of {args.gpus_per_node}, or fewer") from None
-    if args.price_per_gpu_hour is not None:
-        if args.price_per_gpu_hour < 0:
-            raise SpecError("--price-per-gpu-hour", f"must be 0 or more, got {args.price_per_gpu_hour}")
-        cluster = cluster.model_copy(update={"price_per_gpu_hour_usd": args.price_per_gpu_hour})
-    if args.inter_node_bandwidth is not None:
-        if args.inter_node_bandwidth <= 0:
-            raise SpecError(
-                "--inter-node-bandwidth", f"must be more than 0 GB/s, got {args.inter_node_bandwidth}"
-            )
-        # Validated, not model_copy'd: the validator carries the rate into the GPU spec the model reads.
-        update = {"inter_node_bandwidth_gb_per_s": args.inter_node_bandwidth}
-        cluster = ClusterSpec.model_validate({**cluster.model_dump(), **update})
-    values = dict(
-        dp=max(1, args.gpus // (args.tp * args.pp * args.cp)), tp=args.tp, pp=args.pp, cp=args.cp,
-        zero_stage=args.zero,
-        offload_optimizer=args.offload_optimizer, offload_params=args.offload_params,
-        micro_batch=args.micro_batch, grad_accum=args.grad_accum, recompute=args.recompute,
-        sequence_parallel=args.sequence_parallel, precision=args.precision,
-        virtual_stages=args.virtual_stages, engine=args.engine,
-        zero_hpz_partition_size=args.zero_hpz, shard_group_size=args.shard_group_size,
-        zero_quantized_weights=args.zero_quantized_weights,
-        zero_quantized_gradients=args.zero_quantized_gradients,
-        comm_overlap=args.comm_overlap, tp_comm_overlap=args.tp_comm_overlap,
-        ep=args.ep, expert_tp=args.expert_tp, ep_comm_overlap=args.ep_comm_overlap,
-    )  # fmt: skip
-    if args.gpus % (args.tp * args.pp * args.cp):
-        field = "pp" if args.gpus % args.pp else "cp" if args.gpus % args.cp else "tp"
-        message = f"tp·pp·cp = {args.tp * args.pp * args.cp} does not divide --gpus {args.gpus}"
-        raise SpecError(FLAGS[field], message + _allowed(field, values, model, cluster))
-    if args.shard_group_size < 0:
-        raise SpecError("--shard-group-size", f"must be 0 (off) or more, got {args.shard_group_size}")
-    if not 0 <= args.headroom < 1:
-        raise SpecError("--headroom", f"must be in [0, 1), got {args.headroom}")
-    if args.tokens_to_train <= 0:
-        raise SpecError("--tokens-to-train", f"must be positive, got {args.tokens_to_train:g}")
-    batch = args.micro_batch * args.grad_accum * values["dp"]
-    if args.tokens_to_train < batch * args.seq_len:
-        # Less than one step: the hours would be a fraction of the step time printed beside them.
-        raise SpecError(
-            "--tokens-to-train",
-            f"{args.tokens_to_train:g} is less than one optimizer step: --micro-batch × --grad-accum × dp × "
-            f"--seq-len = {batch * args.seq_len:,} tokens (dp {values['dp']} from --gpus); allowed: at "
-            "least that many",
-        )
-    data = dict(
-        seq_len=args.seq_len,
-        global_batch_sequences=batch,
-        tokens_to_train=args.tokens_to_train,
-        flash_attention=not args.no_flash_attention,
-        cudnn_attention=not args.no_cudnn_attention,
-        fused_elementwise=args.fused_elementwise,
-        selective_recompute=args.selective_recompute,
-        recompute_modules=tuple(args.recompute_modules),
-        moe_dispatcher=args.moe_dispatcher,
-    )
-    if args.moe_load_imbalance is not None:
-        data["moe_load_imbalance"] = args.moe_load_imbalance
-    try:
-        workload = validate_as(Workload, data)
-    except SpecError as err:
-        flag = {"global_batch_sequences": "--micro-batch"}.get(err.field, f"--{err.field.replace('_', '-')}")
-        raise SpecError(flag, err.message) from None
-    megatron_modules = set(workload.recompute_modules) != set(MEGATRON_DEFAULT_RECOMPUTE_MODULES)
-    if megatron_modules and args.engine != "megatron":
-        raise SpecError(
-            "--recompute-modules",
-            f"{' '.join(workload.recompute_modules)} is Megatron-Core's selective recompute and the plan's "
-            f"engine is {args.engine}; allowed: core_attn (the default), or --engine megatron",
-        )
-    if workload.moe_dispatcher != "alltoall" and args.engine != "megatron":
-        raise SpecError(
-            "--moe-dispatcher",
-            f"{workload.moe_dispatcher} is Megatron-Core's flex dispatcher and the plan's engine is "
-            f"{args.engine}; allowed: alltoall (the default), or --engine megatron",
-        )
-    problem = plan_problem(Plan.model_construct(**values), model, cluster, workload)
-    if problem:
-        field, message = problem
-        raise SpecError(FLAGS.get(field, field), message + _allowed(field, values, model, cluster))
-    return model, cluster, Plan(**values), workload
+        if err.source:  # the problem sits in a file the flag named (a model YAML, a config.json)
+            raise
+        raise SpecError(flag_of(err.field.split(".")[0]), err.message) from None
 
 
 def run(args: argparse.Namespace) -> int:
