@@ -31,9 +31,10 @@ import yaml
 from service.catalog import load_model
 from service.costmodel import comm, moe
 from service.costmodel import memory as mem
-from service.costmodel.estimate import effective_gpu, estimate, links
+from service.costmodel.estimate import estimate
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate
+from service.costmodel.step_time import effective_gpu, links
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, load_params

@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": str(args.data),
         "baseline_mfu": args.baseline_mfu,
         "crossval": "leave-one-source-out" if cv else "none (--quick): the shipped set, in sample",
-        "shipped_params": load_params().summary(),
+        "shipped_params": load_params().summary().model_dump(),
         "summary": summary,
         "rows": results,
     }

@@ -9,7 +9,8 @@ import pytest
 
 from service.catalog import load_model
 from service.costmodel import moe
-from service.costmodel.estimate import effective_gpu, estimate, links
+from service.costmodel.estimate import estimate
+from service.costmodel.step_time import effective_gpu, links
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import load_params
 from service.spec.plan_table import PlanTable

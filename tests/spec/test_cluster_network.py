@@ -6,6 +6,7 @@ from __future__ import annotations
 from service.catalog import load_model
 from service.costmodel import estimate
 from service.report.memo import _network
+from service.report.result import ClusterSummary
 from service.run.sensitivity import levers, with_network
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import ModelParams
@@ -42,10 +43,14 @@ def test_a_slower_network_slows_plans_that_cross_it_and_no_others():
 
 
 def test_the_memo_states_the_network_it_assumed_when_nodes_are_crossed():
-    info = {"num_nodes": 4, "gpus_per_node": 8, "inter_node_bandwidth_gb_per_s": 12.5}
+    info = ClusterSummary(
+        gpu="h100-sxm-80gb", num_nodes=4, gpus_per_node=8, num_gpus=32, price_per_gpu_hour_usd=2.5,
+        hbm_gib=80, inter_node_bandwidth_gb_per_s=12.5,
+    )  # fmt: skip
     assert _network(info) == "; between nodes 800 Gb/s per node, 12.5 GB/s per GPU"
-    assert _network({**info, "num_nodes": 1}) == ""
-    assert _network({"num_nodes": 4, "gpus_per_node": 8}) == ""  # results written before the field
+    assert _network(info.model_copy(update={"num_nodes": 1})) == ""
+    unstated = info.model_copy(update={"inter_node_bandwidth_gb_per_s": None})
+    assert _network(unstated) == ""  # results written before the field
 
 
 def test_the_bandwidth_scenario_moves_a_clusters_own_network_and_survives_revalidation():

@@ -1,0 +1,168 @@
+"""Memory per GPU of a plan's first and last pipeline stage, term by term (bytes), for many plans at
+once: model states after ZeRO and offload, activations by recompute policy and schedule, logits,
+buffers, and the MoE terms of costmodel/moe.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.costmodel import (
+    context,
+    fp8,
+    moe,
+)
+from service.costmodel import hierarchical_zero as hz
+from service.costmodel import memory as mem
+from service.costmodel import recompute as checkpointing
+from service.spec.model import ModelSpec
+from service.spec.plan_table import PlanTable
+from service.spec.workload import Workload
+
+
+@dataclass(frozen=True)
+class StageMemoryTerms:
+    """One pipeline stage's memory terms (bytes per GPU)."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    logits: np.ndarray
+    buffers: np.ndarray
+    cpu: np.ndarray
+    experts: np.ndarray  # of params + grads + optimizer: the routed experts' states (MoE models)
+
+    def total(self, overhead: float) -> np.ndarray:
+        return (
+            self.params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.logits
+            + self.buffers
+            + overhead
+        )
+
+
+def model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(params, grads, optimizer) on the GPU and bytes moved to the host, for Ψ = `psi` params."""
+    pb, gb, ob = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    shards = hz.shard_ranks(p)  # dp·cp ranks, or the plan's shard group (costmodel/hierarchical_zero.py)
+    params, grads, optimizer = mem.zero_sharded_bytes(psi, shards, p.zero_stage, pb, gb, ob)
+    persistent = mem.zero3_persistent_params(model, p.tp, p.pp, p.virtual_stages)
+    params = np.where(p.zero_stage == 3, pb * (persistent + (psi - persistent) / shards), params)
+    params = params + hz.hpz_secondary_bytes(psi - persistent, pb, p.zero_hpz_partition_size)
+    # ZeRO-Offload keeps optimizer states (and, from stage 2, the fp32 gradient partition) on the host;
+    # ZeRO-Infinity parameter offload keeps the partitioned parameters there (Ren et al. 2021, §4).
+    # Stage 2 accumulates gradients straight into the host buffer; stage 3 also keeps its device-side
+    # flat gradient partition (stage3.py `grad_partitions_flat_buffer`; measured on the proxy).
+    cpu = np.where(p.offload_optimizer, optimizer, 0.0)
+    cpu = cpu + np.where(p.offload_optimizer & (p.zero_stage >= 2), 4.0 * psi / shards, 0.0)
+    cpu = cpu + np.where(p.offload_params, params - pb * persistent, 0.0)
+    optimizer = np.where(p.offload_optimizer, 0.0, optimizer)
+    grads = np.where(p.offload_optimizer & (p.zero_stage == 2), 0.0, grads)
+    params = np.where(p.offload_params, pb * persistent, params)
+    return params, grads, optimizer, cpu
+
+
+def stage_memory_terms(
+    model: ModelSpec, workload: Workload, p: PlanTable, activation_scale: float = 1.0
+) -> tuple[StageMemoryTerms, StageMemoryTerms]:
+    """Memory of the first and of the last pipeline stage (the same stage when pp = 1). A MoE model's
+    routed experts are priced by costmodel/moe.py, the rest of it as its dense view."""
+    load = moe.load_factor(model, p, workload.moe_load_imbalance)
+    whole, model = model, model.dense_view()
+    d = mem.activation_bytes_per_element(p.precision)
+    tokens = p.micro_batch * workload.seq_len / p.cp  # a context-parallel rank's share of the sequence
+    first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
+    s = workload.seq_len
+    flash = workload.flash_attention
+    te = p.engine_column("transformer_engine")  # Megatron-Core builds its blocks from TE modules
+    per_layer = mem.activation_bytes_per_token_per_layer(
+        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
+    )
+    recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
+        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
+    )
+    if workload.selective_recompute != "attention_block":
+        # Other frameworks' selective policies (Workload.selective_recompute) keep other tensors, and make a
+        # whole block's again in backward, as full recompute does.
+        block = mem.recompute_peak_bytes_per_token(
+            model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
+        )
+        full = mem.activation_bytes_per_token_per_layer(
+            model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
+        )
+        kind = workload.selective_recompute
+        selective = checkpointing.selective_bytes_per_token_per_layer(
+            model, p.tp, p.sequence_parallel, d, kind, per_layer, block, full
+        )
+        per_layer = np.where(p.recompute == 1, selective, per_layer)
+        recompute_peak = np.where(p.recompute == 1, tokens * block, recompute_peak)
+    modules = workload.recompute_modules
+    if set(modules) != {"core_attn"}:  # Megatron-Core's fine-grained selective recompute (megatron plans)
+        g = moe.saved_gemm_input_bytes(p, d)
+        delta = checkpointing.megatron_modules_bytes_per_token_per_layer(
+            whole, modules, p.tp, p.sequence_parallel, d, g
+        )
+        per_layer = per_layer + np.where(te & (p.recompute == 1), delta, 0.0)
+    # Ulysses' extra saved tensors belong to the attention sub-block: selective and full recompute do
+    # not keep them; full recompute re-creates them with the block in backward.
+    ulysses = context.ulysses_saved_bytes_per_token_per_layer(model, p.tp, p.cp, p.engine, d)
+    per_layer = per_layer + np.where(p.recompute == 0, ulysses, 0.0)
+    recompute_peak = recompute_peak + tokens * np.where(p.recompute == 2, ulysses, 0.0)
+    in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum, p.virtual_stages)
+    pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
+    vocab_split = mem.vocab_parallel(p.engine)
+    logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, p.sequence_parallel, vocab_split)
+    pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, vocab_split)
+    first_moe, last_moe, _ = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)
+    if whole.moe is not None:  # the dense view's mean MLP, corrected to the blocks each stage holds
+        first_psi = first_psi + moe.dense_mlp_excess_per_gpu(whole, first_layers, first_moe, p.tp)
+        last_psi = last_psi + moe.dense_mlp_excess_per_gpu(whole, last_layers, last_moe, p.tp)
+    # DeepSpeed's ZeRO buckets; FSDP's gather/reduce buffers are priced the same. Megatron's distributed
+    # optimizer reduces and gathers in place in its contiguous grad and param buffers (Megatron-Core
+    # `distributed/param_and_grad_buffer.py`), which the grads and params terms already count; its
+    # Megatron-FSDP (zero_stage 2-3) is priced the same way, without a separate gather buffer.
+    buckets = np.where(p.engine_column("gather_buffers"), 1.0, 0.0)
+    stages = []
+    first = (first_psi, first_layers, first_moe, in_flight, p.pp == 1)
+    for psi, layers, moe_blocks, micro_batches, is_last in (
+        first,
+        (last_psi, last_layers, last_moe, 1, True),
+    ):
+        params, grads, optimizer, cpu = model_states(model, p, psi)
+        logits = np.where(is_last, tokens * logits_per_token, 0.0)
+        transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split)
+        transient = np.where(is_last, transient, 0.0)
+        buffers = buckets * pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
+        buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
+        matmul = (model.attention_params_per_layer + model.mlp_params_per_layer) / p.tp * layers
+        matmul = matmul / np.where(p.zero_stage == 3, hz.shard_ranks(p), 1)
+        buffers = buffers + fp8.extra_memory_bytes(matmul, layers, p.precision)
+        # ZeRO-1/2 with optimizer offload stages each gradient through a device buffer the size of the
+        # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
+        offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
+        buffers = buffers + np.where(offload_staging, pb * model.vocab_size * model.hidden_size, 0.0)
+        state_bytes = mem.state_bytes_per_param(p.precision, p.zero_stage)
+        x = moe.stage_memory(
+            whole, p, workload.seq_len, moe_blocks, micro_batches, d, load, state_bytes, modules
+        )
+        params, grads, optimizer, cpu = (
+            params + x.params,
+            grads + x.grads,
+            optimizer + x.optimizer,
+            cpu + x.host,
+        )
+        buffers = buffers + x.buffers
+        # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
+        # the peak holds one of the two, not both (measured on the proxy, tests/train).
+        peak = np.maximum(recompute_peak + x.recompute_peak - logits, 0.0)
+        activations = tokens * per_layer * layers * micro_batches + x.saved + peak
+        activations = activation_scale * activations
+        experts = x.params + x.grads + x.optimizer
+        stages.append(StageMemoryTerms(params, grads, optimizer, activations, logits, buffers, cpu, experts))
+    return stages[0], stages[1]
