@@ -21,9 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     r = tiny_run.result
     assert r.selected_plan is not None and r.selected_label
-    for key in ("tokens_per_s", "hours", "dollars", "memory_per_gpu_bytes"):
-        v = r.predicted[key]
-        assert v["interval"][0] <= v["value"] <= v["interval"][1]
+    assert r.predicted is not None
+    for v in r.predicted.figures().values():
+        assert v.interval[0] <= v.value <= v.interval[1]
     ok = [p for p in r.proxies if p.status == "ok"]
     assert len(r.proxies) == 2 and ok, [(p.proxy_label, p.status, p.reason) for p in r.proxies]
     # tiny-cpu's production cluster is CPU workers: the proxies ran on its device type, so time terms are
