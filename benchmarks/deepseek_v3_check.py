@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from service.catalog import load_model
-from service.costmodel import comm, moe
+from service.costmodel import comm, expert_exchange, moe
 from service.costmodel import memory as mem
 from service.costmodel.estimate import estimate
 from service.costmodel.flops import model_flops_per_token
@@ -138,7 +138,7 @@ def all_to_all_per_micro_batch(
     moe_layers = float(moe.moe_blocks_per_stage(model, p.pp, p.virtual_stages)[2][0])  # the busiest stage
     d = np.asarray(mem.activation_bytes_per_element(p.precision))
     nic = params["all_to_all_efficiency"]
-    one_pass = moe.dispatch_combine_time_s(
+    one_pass = expert_exchange.dispatch_combine_time_s(
         model, p, workload.seq_len, d, cluster.gpus_per_node, gpu, net, load, nic, workload.moe_dispatcher
     )
     a2a = 2.0 * float(one_pass[0]) * moe_layers  # forward and backward
@@ -157,10 +157,10 @@ def node_limited_all_to_all(
     model: ModelSpec, workload: Workload, moe_layers: float, load: float
 ) -> dict[str, float]:
     """The exchange with what the cost model does not price of DeepSeek's kernels: as priced, a token
-    crosses IB once per remote target node, at most 4 of 8 (§3.2.2; `moe.nodes_per_token`), then NVLink
-    inside it; here also the dispatch in FP8 and the combine in BF16 (§3.3.3), at DeepEP's measured IB
-    rate. The 4 nodes are taken as uniform over the 8, so the token's own node is among them half the
-    time: 4 - 1/2 remote nodes (an assumption; the report prints no distribution)."""
+    crosses IB once per remote target node, at most 4 of 8 (§3.2.2; `expert_exchange.nodes_per_token`),
+    then NVLink inside it; here also the dispatch in FP8 and the combine in BF16 (§3.3.3), at DeepEP's
+    measured IB rate. The 4 nodes are taken as uniform over the 8, so the token's own node is among them
+    half the time: 4 - 1/2 remote nodes (an assumption; the report prints no distribution)."""
     nodes = 8  # §3.2: EP 64 "spanning 8 nodes"
     remote = MAX_NODES_PER_TOKEN * (nodes - 1) / nodes
     tokens = MICRO_BATCH * workload.seq_len * load

@@ -1,7 +1,8 @@
 """Mixture-of-experts terms, one function per term: the routed experts' model states, activations and
-buffers, their grouped GEMMs, the router and token permutation, and the all-to-all dispatch and combine
-of every MoE block. Everything else of a MoE model (attention, the dense blocks' MLPs, the shared
-experts, the router's weights) is priced by the dense terms on `ModelSpec.dense_view()`.
+buffers, their grouped GEMMs, the router and token permutation (the dispatch and combine of every MoE
+block: costmodel/expert_exchange.py). Everything else of a MoE model (attention, the dense blocks'
+MLPs, the shared experts, the router's weights) is priced by the dense terms on
+`ModelSpec.dense_view()`.
 
 Layout (`Plan.ep`, `Plan.expert_tp`, the engine's `expert_parallel` rule): one MoE block's experts are
 split over ep ranks and, inside each expert, over expert_tp ranks; the ranks of a pipeline stage that
@@ -254,113 +255,6 @@ def router_and_permute_time_forward_s(
     return np.asarray(logits + softmax + permute, dtype=float)
 
 
-def all_to_all_time_s(
-    message_bytes: Num,
-    group_size: Num,
-    stride: Num,
-    gpus_per_node: int,
-    gpu: GPUSpec,
-    links: comm.Links,
-    nic_efficiency: float,
-) -> np.ndarray:
-    """One all-to-all in which each rank sends `message_bytes` spread evenly over the group: the share
-    bound for its node's other members goes over NVLink, the rest through the rank's own NIC (one per GPU
-    on DGX-class nodes) at `nic_efficiency` of its line rate (ModelParams `all_to_all_efficiency`), both
-    at once; the slower sets the time (nccl-tests' alltoall bus bandwidth, (n−1)/n of the message). Plus
-    NCCL's ring latency of n − 1 steps."""
-    n = np.asarray(group_size, dtype=float)
-    per_node = np.minimum(np.clip(gpus_per_node // np.maximum(stride, 1), 1, None), n)
-    nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
-    nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * nic_efficiency
-    inside = message_bytes * (per_node - 1) / n / nvlink
-    outside = message_bytes * (n - per_node) / n / nic
-    latency = comm.ring_latency_s(n, stride, gpus_per_node, gpu, 1, links)
-    return np.where(n > 1, np.maximum(inside, outside) + latency, 0.0)
-
-
-def nodes_per_token(model: ModelSpec, nodes: Num) -> np.ndarray:
-    """Expected distinct nodes, of the `nodes` an EP group spans, that one token's k routes reach.
-
-    Experts are laid out in order over the EP ranks (rank r holds experts r·E/ep to (r + 1)·E/ep − 1,
-    Megatron-Core and DeepSeek alike), so each node holds E/N of them; k routes spread evenly over the
-    experts reach N·(1 − (1 − 1/N)^k) nodes (routes taken as independent: a slight overcount of sampling
-    without replacement). Group-limited routing (`MoESpec.groups_per_token` of `expert_groups` groups of
-    consecutive experts) caps that at groups_per_token × ⌈N / groups⌉ nodes: DeepSeek-V3's 4 of 8
-    groups on 8 nodes, "each token will be sent to at most 4 nodes" (arXiv 2412.19437 §2.1.2)."""
-    moe = model.moe
-    assert moe is not None
-    n = np.maximum(np.asarray(nodes, dtype=float), 1.0)
-    reached = n * (1.0 - (1.0 - 1.0 / n) ** moe.experts_per_token)
-    if moe.groups_per_token is None:
-        return reached
-    cap = moe.groups_per_token * np.ceil(n / moe.expert_groups)
-    return np.minimum(reached, cap)
-
-
-def deepep_time_s(
-    model: ModelSpec,
-    p: PlanTable,
-    tokens: Num,
-    d: Num,
-    gpus_per_node: int,
-    gpu: GPUSpec,
-    links: comm.Links,
-    load: Num,
-    nic_efficiency: float,
-) -> np.ndarray:
-    """One dispatch or combine as DeepEP moves it (deepseek-ai/DeepEP; DeepSeek-V3 §3.2.2): each token
-    crosses the network once per remote node its experts are on (`nodes_per_token`, the token's own
-    node among them as often as any other) to the GPU of the same local rank there, which forwards it
-    over NVLink to the experts' GPUs; routes inside the own node go over NVLink directly. Network and
-    NVLink traffic overlap; the slower sets the time, plus the same per-step latency as an all-to-all."""
-    h = model.hidden_size
-    n = np.asarray(p.ep, dtype=float)
-    per_node = np.minimum(np.clip(gpus_per_node // np.maximum(ep_stride(p), 1), 1, None), n)
-    nodes = n / per_node
-    remote_nodes = nodes_per_token(model, nodes) * (nodes - 1) / nodes
-    outside = tokens * load * remote_nodes * h * d
-    copies = tokens * model.moe.experts_per_token * load * h * d  # type: ignore[union-attr]
-    # to the own node's other GPUs, and the remote copies forwarded inside the nodes that received them
-    inside = copies * (per_node - 1) / n + copies * (n - per_node) / n * (per_node - 1) / per_node
-    nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
-    nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * nic_efficiency
-    latency = comm.ring_latency_s(n, ep_stride(p), gpus_per_node, gpu, 1, links)
-    return np.where(n > 1, np.maximum(inside / nvlink, outside / nic) + latency, 0.0)
-
-
-def dispatch_combine_time_s(
-    model: ModelSpec,
-    p: PlanTable,
-    seq_len: int,
-    d: Num,
-    gpus_per_node: int,
-    gpu: GPUSpec,
-    links: comm.Links,
-    load: Num,
-    nic_efficiency: float,
-    dispatcher: str = "alltoall",
-) -> np.ndarray:
-    """One pass (forward, or backward) of a MoE block's token exchange: the dispatch and the combine
-    all-to-all over the EP group, each moving the rank's k routed copies of its tokens (× the load
-    factor: the busiest rank receives the most), and with expert_tp > 1 the all-gather of the received
-    tokens over the expert-TP group and the reduce-scatter of the outputs (Megatron-Core's
-    AllGather after the all-to-all, token_dispatcher.py MoEAlltoAllTokenDispatcher). Megatron plans
-    with `dispatcher` deepep (Workload.moe_dispatcher) send each token once per remote node
-    (`deepep_time_s`)."""
-    moe = model.moe
-    assert moe is not None
-    tokens = tokens_dispatched(p, seq_len)
-    copies = tokens * moe.experts_per_token * load
-    message = copies * model.hidden_size * d
-    a2a = all_to_all_time_s(message, p.ep, ep_stride(p), gpus_per_node, gpu, links, nic_efficiency)
-    if dispatcher == "deepep":
-        deepep = deepep_time_s(model, p, tokens, d, gpus_per_node, gpu, links, load, nic_efficiency)
-        a2a = np.where(_engine_field("transformer_engine")[p.engine], deepep, a2a)
-    group = gather_group(p)
-    gather = comm.all_gather_time_s(message * group, group, 1, gpus_per_node, gpu, 1.0, links)
-    return np.asarray(2.0 * (a2a + gather), dtype=float)
-
-
 def expert_gradient_sync_s(
     psi_expert: Num,
     p: PlanTable,
@@ -448,27 +342,21 @@ def forward_s(
     p: PlanTable,
     seq_len: int,
     moe_blocks: Num,
-    gpus_per_node: int,
     gpu: GPUSpec,
     gemm_peak: Num,
     gemm_d: Num,
-    links: comm.Links,
     imbalance: float,
-    nic_efficiency: float,
-    dispatcher: str = "alltoall",
-) -> tuple[np.ndarray, np.ndarray]:
-    """(expert compute, token exchange) of one micro-batch's forward through `moe_blocks` MoE blocks;
-    zeros for a dense model."""
+) -> np.ndarray:
+    """Expert compute of one micro-batch's forward through `moe_blocks` MoE blocks: the local experts'
+    GEMMs, the router and the permutation (the token exchange: costmodel/expert_exchange.py); zeros for
+    a dense model."""
     if model.moe is None:
-        return np.zeros(len(p)), np.zeros(len(p))
+        return np.zeros(len(p))
     load = load_factor(model, p, imbalance)
     d = mem.activation_bytes_per_element(p.precision)
     gemms = expert_gemm_time_forward_s(model, p, seq_len, gpu, gemm_peak, gemm_d, load)
     router = router_and_permute_time_forward_s(model, p, seq_len, gpu, gemm_peak, d, load)
-    exchange = dispatch_combine_time_s(
-        model, p, seq_len, d, gpus_per_node, gpu, links, load, nic_efficiency, dispatcher
-    )
-    return (gemms + router) * moe_blocks, exchange * moe_blocks
+    return np.asarray((gemms + router) * moe_blocks, dtype=float)
 
 
 def data_parallel_s(

@@ -11,6 +11,7 @@ from service.costmodel import (
     compute,
     context,
     data_parallel,
+    expert_exchange,
     fp8,
     moe,
     pipeline_parallel,
@@ -99,9 +100,10 @@ def step_time_terms(
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
     moe_blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]  # the busiest stage's
-    experts, experts_a2a = moe.forward_s(
-        whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, gemm_peak, gemm_d, net,
-        workload.moe_load_imbalance, params["all_to_all_efficiency"], workload.moe_dispatcher,
+    experts = moe.forward_s(whole, p, s, moe_blocks, gpu, gemm_peak, gemm_d, workload.moe_load_imbalance)
+    experts_a2a = expert_exchange.forward_s(
+        whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, net, workload.moe_load_imbalance,
+        params["all_to_all_efficiency"], workload.moe_dispatcher,
     )  # fmt: skip
     fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
     bwd_work = 2 * gemm + (params["attention_backward_ratio"] if flash else 2.0) * attention

@@ -1,4 +1,4 @@
-"""DeepEP's token exchange (Workload.moe_dispatcher deepep, costmodel/moe.py): a token crosses the
+"""DeepEP's token exchange (Workload.moe_dispatcher deepep, costmodel/expert_exchange.py): a token crosses the
 network once per remote node its experts are on, capped by group-limited routing; checked against
 hand-computed node counts and bytes."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.catalog import load_model
-from service.costmodel import moe
+from service.costmodel import expert_exchange, moe
 from service.costmodel.estimate import estimate
 from service.costmodel.step_time import effective_gpu, links
 from service.spec import ClusterSpec, Plan, Workload
@@ -20,13 +20,13 @@ V3, QWEN = load_model("deepseek-v3"), load_model("qwen3-235b-a22b")
 
 def test_a_token_reaches_the_nodes_its_routes_fall_on_at_most_its_groups_worth():
     # Qwen3-235B routes 8 of 128 experts with no groups: over 4 nodes, 4·(1 − (3/4)^8) of them.
-    assert moe.nodes_per_token(QWEN, 4) == pytest.approx(4 * (1 - 0.75**8))
-    assert moe.nodes_per_token(QWEN, 1) == pytest.approx(1.0)
+    assert expert_exchange.nodes_per_token(QWEN, 4) == pytest.approx(4 * (1 - 0.75**8))
+    assert expert_exchange.nodes_per_token(QWEN, 1) == pytest.approx(1.0)
     # DeepSeek-V3: 4 of 8 groups of 32 experts. On 8 nodes, one group each: at most 4 (§2.1.2); on 16,
     # each group spans 2 nodes: at most 8; on 4 nodes every node can be reached.
-    assert moe.nodes_per_token(V3, 8) == 4.0
-    assert moe.nodes_per_token(V3, 16) == pytest.approx(16 * (1 - (15 / 16) ** 8))  # 6.4 < 8
-    assert moe.nodes_per_token(V3, 4) == pytest.approx(4 * (1 - 0.75**8))
+    assert expert_exchange.nodes_per_token(V3, 8) == 4.0
+    assert expert_exchange.nodes_per_token(V3, 16) == pytest.approx(16 * (1 - (15 / 16) ** 8))  # 6.4 < 8
+    assert expert_exchange.nodes_per_token(V3, 4) == pytest.approx(4 * (1 - 0.75**8))
 
 
 def _one_pass(model, cluster, plan, dispatcher):
@@ -34,7 +34,7 @@ def _one_pass(model, cluster, plan, dispatcher):
     p = PlanTable.from_plans([plan])
     d = np.asarray(2.0)
     gpu, net = effective_gpu(cluster.gpu, params), links(params)
-    t = moe.dispatch_combine_time_s(
+    t = expert_exchange.dispatch_combine_time_s(
         model, p, 4096, d, cluster.gpus_per_node, gpu, net, 1.0, params["all_to_all_efficiency"], dispatcher
     )
     return float(t[0]), gpu, net, params

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.catalog import load_model
-from service.costmodel import moe
+from service.costmodel import expert_exchange, moe
 from service.costmodel.estimate import estimate
 from service.costmodel.flops import matmul_params, model_flops_per_token
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, plan_problem
@@ -66,8 +66,8 @@ def test_all_to_all_crosses_the_network_once_the_ep_group_outgrows_a_node():
     gpu = H100.gpu
     links = moe.comm.Links()
     one_gib = 2.0**30  # large enough that NCCL's latency is lost in the bandwidth term
-    inside = moe.all_to_all_time_s(one_gib, 8, 1, 8, gpu, links, 0.8)
-    across = moe.all_to_all_time_s(one_gib, 16, 1, 8, gpu, links, 0.8)
+    inside = expert_exchange.all_to_all_time_s(one_gib, 8, 1, 8, gpu, links, 0.8)
+    across = expert_exchange.all_to_all_time_s(one_gib, 16, 1, 8, gpu, links, 0.8)
     # Inside a node: 7/8 of the message over NVLink; across two: half of it through the rank's NIC.
     nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
     nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * 0.8
