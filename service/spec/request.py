@@ -132,7 +132,7 @@ class PlanRequest(BaseModel):
             raise SpecError("tokens_to_train", f"must be positive, got {self.tokens_to_train:g}")
 
     def _model(self) -> ModelSpec:
-        from service.catalog import load_model
+        from service.spec.entries import load_model
 
         try:
             return load_model(self.model)
@@ -140,7 +140,7 @@ class PlanRequest(BaseModel):
             raise _as_field("model", err) from None
 
     def _cluster(self) -> ClusterSpec:
-        from service.catalog import load_gpu
+        from service.spec.entries import load_gpu
 
         try:
             cluster = ClusterSpec.from_gpu_count(load_gpu(self.gpu), self.gpus, self.gpus_per_node)
