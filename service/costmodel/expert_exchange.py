@@ -32,13 +32,36 @@ def all_to_all_time_s(
     at once; the slower sets the time (nccl-tests' alltoall bus bandwidth, (n−1)/n of the message). Plus
     NCCL's ring latency of n − 1 steps."""
     n = np.asarray(group_size, dtype=float)
-    per_node = np.minimum(np.clip(gpus_per_node // np.maximum(stride, 1), 1, None), n)
+    per_node = ranks_per_node(n, stride, gpus_per_node)
+    inside = message_bytes * (per_node - 1) / n
+    outside = message_bytes * (n - per_node) / n
+    return _exchange_s(inside, outside, n, stride, gpus_per_node, gpu, links, nic_efficiency)
+
+
+def ranks_per_node(group_size: Num, stride: Num, gpus_per_node: int) -> np.ndarray:
+    """Members of a group of `group_size` ranks `stride` apart that share one node."""
+    n = np.asarray(group_size, dtype=float)
+    return np.minimum(np.clip(gpus_per_node // np.maximum(stride, 1), 1, None), n)
+
+
+def _exchange_s(
+    inside_bytes: Num,
+    outside_bytes: Num,
+    group_size: Num,
+    stride: Num,
+    gpus_per_node: int,
+    gpu: GPUSpec,
+    links: comm.Links,
+    nic_efficiency: float,
+) -> np.ndarray:
+    """A rank's exchange of `inside_bytes` over NVLink and `outside_bytes` through its own NIC (one per
+    GPU on DGX-class nodes) at `nic_efficiency` of its line rate, both at once: the slower sets the
+    time, plus NCCL's ring latency of n − 1 steps; nothing for a group of one."""
+    n = np.asarray(group_size, dtype=float)
     nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
     nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * nic_efficiency
-    inside = message_bytes * (per_node - 1) / n / nvlink
-    outside = message_bytes * (n - per_node) / n / nic
     latency = comm.ring_latency_s(n, stride, gpus_per_node, gpu, 1, links)
-    return np.where(n > 1, np.maximum(inside, outside) + latency, 0.0)
+    return np.where(n > 1, np.maximum(inside_bytes / nvlink, outside_bytes / nic) + latency, 0.0)
 
 
 def nodes_per_token(model: ModelSpec, nodes: Num) -> np.ndarray:
@@ -78,17 +101,15 @@ def deepep_time_s(
     NVLink traffic overlap; the slower sets the time, plus the same per-step latency as an all-to-all."""
     h = model.hidden_size
     n = np.asarray(p.ep, dtype=float)
-    per_node = np.minimum(np.clip(gpus_per_node // np.maximum(ep_stride(p), 1), 1, None), n)
+    stride = ep_stride(p)
+    per_node = ranks_per_node(n, stride, gpus_per_node)
     nodes = n / per_node
     remote_nodes = nodes_per_token(model, nodes) * (nodes - 1) / nodes
     outside = tokens * load * remote_nodes * h * d
     copies = tokens * model.moe.experts_per_token * load * h * d  # type: ignore[union-attr]
     # to the own node's other GPUs, and the remote copies forwarded inside the nodes that received them
     inside = copies * (per_node - 1) / n + copies * (n - per_node) / n * (per_node - 1) / per_node
-    nvlink = gpu.intra_node_bandwidth_gb_per_s * 1e9 * links.intra_efficiency
-    nic = gpu.inter_node_bandwidth_gb_per_s * 1e9 * nic_efficiency
-    latency = comm.ring_latency_s(n, ep_stride(p), gpus_per_node, gpu, 1, links)
-    return np.where(n > 1, np.maximum(inside / nvlink, outside / nic) + latency, 0.0)
+    return _exchange_s(inside, outside, n, stride, gpus_per_node, gpu, links, nic_efficiency)
 
 
 def dispatch_combine_time_s(
