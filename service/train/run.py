@@ -4,12 +4,14 @@ line."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +22,13 @@ from service.train.ds_config import deepspeed_config
 from service.train.proxy_scale import predict_proxy, proxy_model, proxy_plan, proxy_plan_problem
 from service.train.ray_session import ensure_ray
 from service.train.worker import LOG_FILE
+
+if TYPE_CHECKING:
+    from service.train.worker import WorkerConfig
+
+# Runs a trial's workers without Ray Train: given what every worker receives and how many there are,
+# returns when they are done and raises what one died of (tests/train/local_workers.py).
+Launch = Callable[["WorkerConfig", int], None]
 
 __all__ = ["ProxyResult", "classify_failure", "ensure_ray", "read_log", "run_proxy"]
 
@@ -196,14 +205,16 @@ def run_proxy(
     run_name: str | None = None,
     max_failures: int | None = None,
     stall: dict[str, float] | None = None,
+    launch: Launch | None = None,
 ) -> ProxyResult:
     """Runs `plan` at proxy scale on Ray and returns what it measured; never raises for a failed trial.
 
     With `inject_failure_at_step` the trial gets one restart (`max_failures` defaults to 1 then, else
     0) and a checkpoint every step unless `checkpoint_every` says otherwise. A MoE proxy's prediction is
-    priced at the load its experts measured (`predict_proxy`'s `moe_load`).
+    priced at the load its experts measured (`predict_proxy`'s `moe_load`). `launch` runs the same
+    workers some other way than Ray Train (the tests' local processes); restarts need Ray Train.
     """
-    from service.train.trainer import build_trainer
+    from service.train.trainer import build_trainer, worker_config
 
     started = time.time()
     base = ProxyResult.invalid("", plan)
@@ -221,22 +232,38 @@ def run_proxy(
         max_failures = 1 if max_failures is None else max_failures
     storage_path = storage_path or tempfile.mkdtemp(prefix="proxy-runs-")
     run_name = run_name or _safe_name(plan)
-    ensure_ray(num_cpus=max(2, plan.num_gpus))
-    trainer = build_trainer(
-        experiment,
-        plan,
-        run_name=run_name,
-        storage_path=storage_path,
-        steps=steps,
-        checkpoint_every=checkpoint_every,
-        inject_failure_at_step=inject_failure_at_step,
-        max_failures=max_failures or 0,
-        stall=stall,
-    )
+    fit: Callable[[], Any]
+    if launch is None:
+        ensure_ray(num_cpus=max(2, plan.num_gpus))
+        fit = build_trainer(
+            experiment,
+            plan,
+            run_name=run_name,
+            storage_path=storage_path,
+            steps=steps,
+            checkpoint_every=checkpoint_every,
+            inject_failure_at_step=inject_failure_at_step,
+            max_failures=max_failures or 0,
+            stall=stall,
+        ).fit
+    else:
+        if max_failures:
+            raise ValueError("max_failures: restarts from a checkpoint need Ray Train (launch=None)")
+        run_dir = Path(storage_path) / run_name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = worker_config(
+            experiment,
+            plan,
+            run_dir=str(run_dir),
+            steps=steps,
+            checkpoint_every=checkpoint_every,
+            stall=stall,
+        )
+        fit = functools.partial(launch, config, plan.num_gpus)
     status, reason = "ok", base.reason
     fit_start = time.time()
     try:
-        trainer.fit()
+        fit()
     except Exception as err:  # a failed trial is a result, not an exception (Ray wraps the worker's)
         status, reason = classify_failure(err)
     result = _result_from_log(Path(storage_path) / run_name, fit_start)

@@ -12,7 +12,7 @@ from service.train.run import ProxyResult
 
 class SharedTrials:
     """Proxy results by (experiment, plan) for the whole session: test_proxy_3d and test_proxy_ray both
-    train the tp2 plan on the same experiment, and each ~20 s trial runs once."""
+    train the tp2 plan on the same experiment, and each trial runs once."""
 
     def __init__(self) -> None:
         self._results: dict[tuple[str, str], ProxyResult] = {}

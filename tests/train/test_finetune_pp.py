@@ -26,6 +26,7 @@ from service.spec.model import ModelSpec
 from service.train import hf_data
 from service.train.production import ProductionRun
 from service.train.weights import check_layout
+from tests.train import local_workers
 from tests.train.test_finetune import MODEL, _texts, experiment_file, save_checkpoint, write_jsonl
 from tests.train.test_finetune_tp import _free_port, yaml_seed
 
@@ -99,11 +100,10 @@ def test_stages_hold_their_layers_of_the_checkpoint(checkpoint, tmp_path, plan):
     own partition of [embed, layer 0, layer 1, head]); each tensor equal to the checkpoint's (with tp2 the
     rank's `torch.chunk` of it; with sequence parallelism the norms keep their gradient sums), and the
     gathered state dict is the whole checkpoint."""
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
     out, world = tmp_path / "stages.pt", plan.num_gpus
-    mp.spawn(_load_worker, args=(world, _free_port(), str(checkpoint), str(out), plan), nprocs=world)
+    local_workers.start(_load_worker, (world, _free_port(), str(checkpoint), str(out), plan), nprocs=world)
     got = torch.load(out)
     whole = load_file(str(checkpoint / "model.safetensors"))
     layer = {i: {k for k in whole if k.startswith(f"model.layers.{i}.")} for i in (0, 1)}

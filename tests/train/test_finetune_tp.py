@@ -23,6 +23,7 @@ import torch
 from service.spec import Plan
 from service.train import hf_data
 from service.train.production import ProductionRun
+from tests.train import local_workers
 from tests.train.test_finetune import (
     MODEL,
     _texts,
@@ -149,12 +150,11 @@ def test_cp2_stack_holds_the_checkpoint_and_splits_the_labelled_loss(checkpoint,
     """cp2 (Ulysses): each rank holds the whole checkpoint; the gathered logits are the Hugging Face
     model's; the ranks' labelled losses average to the whole sequence's, with masked targets falling
     in either chunk, and their sums and target counts add up to the whole sequence's."""
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "cp2.pt"
-    mp.spawn(_cp_worker, args=(2, _free_port(), str(checkpoint), str(out)), nprocs=2, join=True)
+    local_workers.start(_cp_worker, (2, _free_port(), str(checkpoint), str(out)), nprocs=2)
     got = torch.load(out)
     whole = load_file(str(checkpoint / "model.safetensors"))
     assert got["state"].keys() == whole.keys() and all(torch.equal(got["state"][k], whole[k]) for k in whole)
@@ -173,12 +173,11 @@ def test_cp2_stack_holds_the_checkpoint_and_splits_the_labelled_loss(checkpoint,
 def test_tp2_stack_holds_the_checkpoint_slices(checkpoint, tmp_path):
     """tp2 with sequence parallelism: logits equal the Hugging Face model's, and gathering the slices
     gives back every tensor of the checkpoint exactly."""
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "tp2.pt"
-    mp.spawn(_load_worker, args=(2, _free_port(), str(checkpoint), str(out)), nprocs=2, join=True)
+    local_workers.start(_load_worker, (2, _free_port(), str(checkpoint), str(out)), nprocs=2)
     got = torch.load(out)
     whole = load_file(str(checkpoint / "model.safetensors"))
     assert got["state"].keys() == whole.keys()

@@ -6,7 +6,8 @@ The experiment (tests/train/data/tiny-moe-cpu.yaml): 3 layers, the last two MoE 
 (top-2, 96 wide, capacity factor 1.25) with one shared expert 64 wide; 128 tokens per rank per
 micro-batch. Its dropless variant routes over 16 experts (DROPLESS_EXPERTS). Unit tests build the model
 without a process group (ep 1 needs none; a rank of an ep 2 model is built as that rank would build it);
-the slow tests run trials on a local Ray, each plan once.
+the slow tests run each plan once in local worker processes (local_workers.py), and the resume under
+Ray Train, which must reproduce the local run's losses bitwise.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from service.spec import Plan, load_experiment
 from service.train import moe
 from service.train.model import build_causal_lm, forward_loss
 from service.train.proxy_scale import proxy_model, proxy_plan_problem
+from tests.train import local_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = str(Path(__file__).parent / "data" / "tiny-moe-cpu.yaml")
@@ -240,12 +242,9 @@ PLANS = {
 
 @pytest.fixture(scope="module")
 def trial(tmp_path_factory, shared_trials):
-    """`trial(name)`: the result of running PLANS[name] once in this session."""
-    import ray
+    """`trial(name)`: the result of running PLANS[name] once in this session, in local processes."""
+    from service.train.run import run_proxy
 
-    from service.train.run import ensure_ray, run_proxy
-
-    ensure_ray(num_cpus=4)  # the pipeline plan's 4 workers (slowly, on 2 cores)
     storage = str(tmp_path_factory.mktemp("moe"))
 
     def get(name: str):
@@ -254,11 +253,17 @@ def trial(tmp_path_factory, shared_trials):
         return shared_trials.get(
             experiment,
             plan,
-            lambda: run_proxy(experiment, plan, steps=STEPS, storage_path=storage, run_name=name),
+            lambda: run_proxy(
+                experiment,
+                plan,
+                steps=STEPS,
+                storage_path=storage,
+                run_name=name,
+                launch=local_workers.launch,
+            ),
         )
 
-    yield get
-    ray.shutdown()
+    return get
 
 
 @pytest.mark.slow
@@ -366,9 +371,12 @@ def test_a_dropless_proxy_reports_its_load_and_its_activations_match_the_model_a
 def test_ep2_resume_after_injected_failure_is_bitwise_identical(trial, tmp_path):
     """DeepSpeed writes each expert to a file of its own (`layer_<i>_expert_<id>_...`, engine.py
     `_save_moe_checkpoint`) and the rest of the model apart; the workers' RNG and data positions with them."""
-    from service.train.run import run_proxy
+    import ray
+
+    from service.train.run import ensure_ray, run_proxy
 
     reference = trial("ep2-z1")
+    ensure_ray(num_cpus=2)
     resumed = run_proxy(
         _experiment(),
         PLANS["ep2-z1"],
@@ -378,6 +386,7 @@ def test_ep2_resume_after_injected_failure_is_bitwise_identical(trial, tmp_path)
         storage_path=str(tmp_path),
         run_name="ep2-z1-resumed",
     )
+    ray.shutdown()
     assert resumed.status == "ok", resumed.reason
     assert resumed.restarts == 1
     assert resumed.losses == reference.losses  # bitwise: float equality, not approx

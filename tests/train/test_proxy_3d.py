@@ -1,10 +1,11 @@
-"""3D proxy trials on a local Ray (gloo, 2 to 8 CPU workers): tp × pp × dp with the proxy's own
-Megatron-style TP layers inside DeepSpeed's PipelineModule, sequence parallelism, DeepSpeed-Ulysses
-context parallelism and ZeRO++ hpZ, measured against the cost model, and bitwise resume of a tp2·pp2
-plan after an injected failure.
+"""3D proxy trials (gloo, 2 to 8 CPU workers): tp × pp × dp with the proxy's own Megatron-style TP layers
+inside DeepSpeed's PipelineModule, sequence parallelism, DeepSpeed-Ulysses context parallelism and ZeRO++
+hpZ, measured against the cost model, and bitwise resume of a tp2·pp2 plan under Ray Train after an
+injected failure.
 
-One Ray session (8 logical CPUs: the 2-core machine runs 8 workers, slowly) serves the module; each
-plan runs once (cached) however many tests read it.
+The layouts run the proxy worker loop in local processes (local_workers.py: what a layout does is under
+test, not how Ray Train starts it), each plan once (cached) however many tests read it; the resume runs
+under Ray Train and must reproduce the local run's losses bitwise.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from service.spec import Plan, load_experiment
 from service.train.run import ProxyResult, ensure_ray, run_proxy
+from tests.train import local_workers
 
 pytestmark = pytest.mark.slow
 
@@ -55,13 +57,13 @@ def _experiment(workers: int):
 def ray_session():
     import ray
 
-    ensure_ray(num_cpus=8)
+    ensure_ray(num_cpus=4)  # the resumed tp2·pp2 plan's workers
     yield
     ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def trial(ray_session, tmp_path_factory, shared_trials):
+def trial(tmp_path_factory, shared_trials):
     """`trial(name)`: the result of running PLANS[name] once in this session (conftest.shared_trials)."""
     storage = str(tmp_path_factory.mktemp("proxy3d"))
 
@@ -70,7 +72,14 @@ def trial(ray_session, tmp_path_factory, shared_trials):
         return shared_trials.get(
             experiment,
             plan,
-            lambda: run_proxy(experiment, plan, steps=STEPS, storage_path=storage, run_name=name),
+            lambda: run_proxy(
+                experiment,
+                plan,
+                steps=STEPS,
+                storage_path=storage,
+                run_name=name,
+                launch=local_workers.launch,
+            ),
         )
 
     return get
@@ -121,7 +130,7 @@ def test_activation_bytes_match_the_cost_model_within_10_percent(trial, name):
     assert measured == pytest.approx(predicted, rel=0.10), f"measured {measured:.0f}, model {predicted:.0f}"
 
 
-def test_3d_resume_after_injected_failure_is_bitwise_identical(trial, tmp_path):
+def test_3d_resume_after_injected_failure_is_bitwise_identical(ray_session, trial, tmp_path):
     reference = trial("tp2-pp2")
     plan = PLANS["tp2-pp2"]
     resumed = run_proxy(

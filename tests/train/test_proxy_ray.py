@@ -1,7 +1,10 @@
-"""Proxy trials on a local Ray (2 CPU workers, gloo): every ZeRO stage, offload, TP 2, PP 2, recompute,
-bitwise resume after an injected failure, OOM, invalid plans and a hanging collective.
+"""Proxy trials (2 CPU workers, gloo): every ZeRO stage, offload, TP 2, PP 2, recompute, bitwise resume
+after an injected failure, OOM, a killed worker, invalid plans and a hanging collective.
 
-One Ray session serves the module, and each plan runs once (cached) however many tests read it.
+Everything Ray Train does runs on a local Ray: the resumes and the failures, and the two resume
+references (z1, z3-offload) trained whole. The other plan kinds run the same worker loop in local
+processes (local_workers.py: what the layout shards and saves is under test, not how Ray starts it).
+Each plan runs once (cached) however many tests read it.
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ import pytest
 
 from service.spec import Plan, load_experiment
 from service.train.run import ProxyResult, ensure_ray, run_proxy
+from tests.train import local_workers
 
 pytestmark = pytest.mark.slow
 
 STEPS = 3  # also the resume tests' length: their references are the z1 and z3-offload trials
-# Eight trials cover the matrix (each ~25-35 s of process start-up on 2 cores, so kinds are combined):
+ON_RAY = ("z1", "z3-offload")  # trained under Ray Train; the others in local processes
+# Eight trials cover the matrix (kinds are combined, each trial being a few processes' start-up):
 # ZeRO 0-3, optimizer+parameter offload, TP 2, PP 2, recompute none/selective/full.
 PLANS = {
     "z0-selective": Plan(
@@ -64,10 +69,13 @@ def trial(ray_session, experiment, tmp_path_factory, shared_trials):
     storage = str(tmp_path_factory.mktemp("proxy"))
 
     def get(name: str) -> ProxyResult:
+        launch = None if name in ON_RAY else local_workers.launch
         return shared_trials.get(
             experiment,
             PLANS[name],
-            lambda: run_proxy(experiment, PLANS[name], steps=STEPS, storage_path=storage, run_name=name),
+            lambda: run_proxy(
+                experiment, PLANS[name], steps=STEPS, storage_path=storage, run_name=name, launch=launch
+            ),
         )
 
     return get

@@ -8,9 +8,9 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from service.train import tensor_parallel as tpl
+from tests.train import local_workers
 
 pytestmark = pytest.mark.slow  # two real processes on gloo (a few seconds)
 
@@ -107,7 +107,7 @@ def _worker(rank: int, world: int, port: int) -> None:
 def test_tensor_parallel_layers_match_the_unsharded_layers():
     """Every case in one pair of processes (process start-up dominates): MLP without and with SP, a
     gathered head, a sequence-parallel norm's gradient."""
-    mp.spawn(_worker, args=(2, _free_port()), nprocs=2, join=True)
+    local_workers.start(_worker, (2, _free_port()), nprocs=2)
 
 
 def test_a_width_tp_does_not_divide_is_refused(monkeypatch):
