@@ -109,3 +109,24 @@ def test_proxies_are_timed_without_the_published_frameworks_overheads(tiny):
     with_overhead = estimate(*args, params=shipped).step_time_s
     got = predict_proxy(tiny, plan).step_time_s
     assert got == pytest.approx(with_overhead - shipped["step_overhead_s"] - shipped["microstep_overhead_s"])
+
+
+def test_another_launcher_gets_every_worker_config_and_a_failure_is_classified(tiny, tmp_path):
+    """`run_proxy(launch=...)` hands the launcher what each worker receives and how many there are, and
+    classifies what it raises as it would Ray Train's error; restarts need Ray Train."""
+    from service.train.run import run_proxy
+
+    plan = Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32")
+    seen = []
+
+    def launch(config, workers):
+        seen.append((config, workers))
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    result = run_proxy(tiny, plan, steps=2, storage_path=str(tmp_path), run_name="local", launch=launch)
+    ((config, workers),) = seen
+    assert workers == 2 and config.plan.dp == 2 and config.steps == 2
+    assert config.run_dir == str(tmp_path / "local") and (tmp_path / "local").is_dir()
+    assert result.status == "oom" and result.losses == []
+    with pytest.raises(ValueError, match="max_failures"):
+        run_proxy(tiny, plan, inject_failure_at_step=1, storage_path=str(tmp_path), launch=launch)
