@@ -6,7 +6,7 @@ runs file and `calibrate` fits on them.
 
 One Ray run (three Ray Train jobs: the production steps, the probe, the A/B's other plan); its own
 local Ray (RAY_ADDRESS dropped), as tests/cluster/test_production.py runs `service train`. In the
-"rest" stream (tests/conftest.py, by path), with the other production-run test.
+"trials" stream (tests/conftest.py, by path).
 """
 
 from __future__ import annotations
