@@ -26,9 +26,10 @@ from service.train.worker import LOG_FILE
 if TYPE_CHECKING:
     from service.train.worker import WorkerConfig
 
-# Runs a trial's workers without Ray Train: given what every worker receives and how many there are,
-# returns when they are done and raises what one died of (tests/train/local_workers.py).
-Launch = Callable[["WorkerConfig", int], None]
+# Runs a trial's workers without Ray Train: given what every worker receives, how many there are and
+# how many restarts from the latest checkpoint it may make, returns when they are done and raises what
+# one died of (tests/train/local_workers.py).
+Launch = Callable[["WorkerConfig", int, int], None]
 
 __all__ = ["ProxyResult", "classify_failure", "ensure_ray", "read_log", "run_proxy"]
 
@@ -212,7 +213,7 @@ def run_proxy(
     With `inject_failure_at_step` the trial gets one restart (`max_failures` defaults to 1 then, else
     0) and a checkpoint every step unless `checkpoint_every` says otherwise. A MoE proxy's prediction is
     priced at the load its experts measured (`predict_proxy`'s `moe_load`). `launch` runs the same
-    workers some other way than Ray Train (the tests' local processes); restarts need Ray Train.
+    workers some other way than Ray Train (the tests' local processes).
     """
     from service.train.trainer import build_trainer, worker_config
 
@@ -247,8 +248,6 @@ def run_proxy(
             stall=stall,
         ).fit
     else:
-        if max_failures:
-            raise ValueError("max_failures: restarts from a checkpoint need Ray Train (launch=None)")
         run_dir = Path(storage_path) / run_name
         run_dir.mkdir(parents=True, exist_ok=True)
         config = worker_config(
@@ -257,9 +256,10 @@ def run_proxy(
             run_dir=str(run_dir),
             steps=steps,
             checkpoint_every=checkpoint_every,
+            inject_failure_at_step=inject_failure_at_step,
             stall=stall,
         )
-        fit = functools.partial(launch, config, plan.num_gpus)
+        fit = functools.partial(launch, config, plan.num_gpus, max_failures or 0)
     status, reason = "ok", base.reason
     fit_start = time.time()
     try:

@@ -6,8 +6,7 @@ The experiment (tests/train/data/tiny-moe-cpu.yaml): 3 layers, the last two MoE 
 (top-2, 96 wide, capacity factor 1.25) with one shared expert 64 wide; 128 tokens per rank per
 micro-batch. Its dropless variant routes over 16 experts (DROPLESS_EXPERTS). Unit tests build the model
 without a process group (ep 1 needs none; a rank of an ep 2 model is built as that rank would build it);
-the slow tests run each plan once in local worker processes (local_workers.py), and the resume under
-Ray Train, which must reproduce the local run's losses bitwise.
+the slow tests run each plan once in local worker processes (local_workers.py), the resume too.
 """
 
 from __future__ import annotations
@@ -371,12 +370,9 @@ def test_a_dropless_proxy_reports_its_load_and_its_activations_match_the_model_a
 def test_ep2_resume_after_injected_failure_is_bitwise_identical(trial, tmp_path):
     """DeepSpeed writes each expert to a file of its own (`layer_<i>_expert_<id>_...`, engine.py
     `_save_moe_checkpoint`) and the rest of the model apart; the workers' RNG and data positions with them."""
-    import ray
-
-    from service.train.run import ensure_ray, run_proxy
+    from service.train.run import run_proxy
 
     reference = trial("ep2-z1")
-    ensure_ray(num_cpus=2)
     resumed = run_proxy(
         _experiment(),
         PLANS["ep2-z1"],
@@ -385,8 +381,8 @@ def test_ep2_resume_after_injected_failure_is_bitwise_identical(trial, tmp_path)
         checkpoint_every=1,
         storage_path=str(tmp_path),
         run_name="ep2-z1-resumed",
+        launch=local_workers.launch,
     )
-    ray.shutdown()
     assert resumed.status == "ok", resumed.reason
     assert resumed.restarts == 1
     assert resumed.losses == reference.losses  # bitwise: float equality, not approx

@@ -1,11 +1,11 @@
 """3D proxy trials (gloo, 2 to 8 CPU workers): tp × pp × dp with the proxy's own Megatron-style TP layers
 inside DeepSpeed's PipelineModule, sequence parallelism, DeepSpeed-Ulysses context parallelism and ZeRO++
-hpZ, measured against the cost model, and bitwise resume of a tp2·pp2 plan under Ray Train after an
-injected failure.
+hpZ, measured against the cost model, and bitwise resume of a tp2·pp2 plan (DeepSpeed's pipeline
+checkpoint with tensor-parallel slices) after an injected failure.
 
 The layouts run the proxy worker loop in local processes (local_workers.py: what a layout does is under
-test, not how Ray Train starts it), each plan once (cached) however many tests read it; the resume runs
-under Ray Train and must reproduce the local run's losses bitwise.
+test, not how Ray Train starts it), each plan once (cached) however many tests read it. Ray Train's own
+restart is tested on a ZeRO-1 plan in test_proxy_ray.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from service.spec import Plan, load_experiment
-from service.train.run import ProxyResult, ensure_ray, run_proxy
+from service.train.run import ProxyResult, run_proxy
 from tests.train import local_workers
 
 pytestmark = pytest.mark.slow
@@ -51,15 +51,6 @@ def _experiment(workers: int):
     exp = load_experiment("experiments/tiny-cpu.yaml")
     proxy = exp.proxy.model_copy(update={"steps": STEPS, "warmup_steps": 1, "num_workers": workers})
     return exp.model_copy(update={"proxy": proxy})
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ensure_ray(num_cpus=4)  # the resumed tp2·pp2 plan's workers
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +121,7 @@ def test_activation_bytes_match_the_cost_model_within_10_percent(trial, name):
     assert measured == pytest.approx(predicted, rel=0.10), f"measured {measured:.0f}, model {predicted:.0f}"
 
 
-def test_3d_resume_after_injected_failure_is_bitwise_identical(ray_session, trial, tmp_path):
+def test_3d_resume_after_injected_failure_is_bitwise_identical(trial, tmp_path):
     reference = trial("tp2-pp2")
     plan = PLANS["tp2-pp2"]
     resumed = run_proxy(
@@ -141,6 +132,7 @@ def test_3d_resume_after_injected_failure_is_bitwise_identical(ray_session, tria
         checkpoint_every=1,
         storage_path=str(tmp_path),
         run_name="tp2-pp2-resumed",
+        launch=local_workers.launch,
     )
     assert resumed.status == "ok", resumed.reason
     assert resumed.restarts == 1

@@ -112,21 +112,24 @@ def test_proxies_are_timed_without_the_published_frameworks_overheads(tiny):
 
 
 def test_another_launcher_gets_every_worker_config_and_a_failure_is_classified(tiny, tmp_path):
-    """`run_proxy(launch=...)` hands the launcher what each worker receives and how many there are, and
-    classifies what it raises as it would Ray Train's error; restarts need Ray Train."""
+    """`run_proxy(launch=...)` hands the launcher what each worker receives, how many there are and the
+    restarts it may make, and classifies what it raises as it would Ray Train's error."""
     from service.train.run import run_proxy
 
     plan = Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32")
     seen = []
 
-    def launch(config, workers):
-        seen.append((config, workers))
+    def launch(config, workers, restarts):
+        seen.append((config, workers, restarts))
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
 
     result = run_proxy(tiny, plan, steps=2, storage_path=str(tmp_path), run_name="local", launch=launch)
-    ((config, workers),) = seen
-    assert workers == 2 and config.plan.dp == 2 and config.steps == 2
-    assert config.run_dir == str(tmp_path / "local") and (tmp_path / "local").is_dir()
     assert result.status == "oom" and result.losses == []
-    with pytest.raises(ValueError, match="max_failures"):
-        run_proxy(tiny, plan, inject_failure_at_step=1, storage_path=str(tmp_path), launch=launch)
+    run_proxy(
+        tiny, plan, inject_failure_at_step=2, storage_path=str(tmp_path), run_name="kill", launch=launch
+    )
+    (config, workers, restarts), (injected, _, one) = seen
+    assert workers == 2 and config.plan.dp == 2 and config.steps == 2 and restarts == 0
+    assert config.run_dir == str(tmp_path / "local") and (tmp_path / "local").is_dir()
+    # an injected failure: a checkpoint every step and one restart, as under Ray Train
+    assert injected.inject_failure_at_step == 2 and injected.checkpoint_every == 1 and one == 1
