@@ -9,9 +9,10 @@ as two streams against 1,216 s serially, same code).
 Each test goes to one of two fixed groups (xdist's `xdist_group` marker), so the split is the same on
 every run and each stream runs its tests in file order:
 - "trials": tests/train (the proxy trials, and the session fixture two of its modules share), the
-  killed-driver search test, preflight, and the two heaviest pure-computation modules (the
-  cross-validation and the enumeration benchmark), about half the suite's time between them (fresh
-  clone, 2026-12-06: 728 s of test time against the rest's 980 s before the last three moved here);
+  killed-driver search test, preflight, `proxy-run`'s CLI tests and the two heaviest pure-computation
+  modules (the cross-validation and the enumeration benchmark), about half the suite's time between
+  them (the layout tests run in local processes since 2026-12-06, which left this stream at 728 s of
+  test time against the rest's 980 s before the last four moved here);
 - "rest": everything else. The cluster tests that start `ray start` heads stay in one stream.
 
 Without `-n` (a plain `python -m pytest ...`) the markers do nothing and the tests run serially.
@@ -29,6 +30,7 @@ TRIALS = (
     "train/",
     "search/test_resume_driver.py",
     "preflight/",
+    "cli/test_proxy_run.py",
     "calibrate/test_crossval.py",
     "plans/test_enumeration_benchmark.py",
 )

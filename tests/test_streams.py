@@ -22,6 +22,7 @@ def test_every_test_file_is_in_one_of_two_streams() -> None:
         "search/test_resume_driver.py",
         "preflight/test_preflight_ray.py",
         "preflight/test_verdict.py",
+        "cli/test_proxy_run.py",
         "calibrate/test_crossval.py",
         "plans/test_enumeration_benchmark.py",
     }
