@@ -9,10 +9,10 @@ as two streams against 1,216 s serially, same code).
 Each test goes to one of two fixed groups (xdist's `xdist_group` marker), so the split is the same on
 every run and each stream runs its tests in file order:
 - "trials": tests/train (the proxy trials, and the session fixture two of its modules share), the
-  killed-driver search test, preflight, `proxy-run`'s CLI tests and the two heaviest pure-computation
-  modules (the cross-validation and the enumeration benchmark), about half the suite's time between
-  them (the layout tests run in local processes since 2026-12-06, which left this stream at 728 s of
-  test time against the rest's 980 s before the last four moved here);
+  killed-driver and hung-trial search tests, preflight, `proxy-run`'s CLI tests and the two heaviest
+  pure-computation modules (the cross-validation and the enumeration benchmark): about half the
+  suite's time (fresh clone, 2026-12-06: 843 s of test time against the rest's 960 s before the
+  hung-trial search moved here);
 - "rest": everything else. The cluster tests that start `ray start` heads stay in one stream.
 
 Without `-n` (a plain `python -m pytest ...`) the markers do nothing and the tests run serially.
@@ -29,6 +29,7 @@ TESTS = Path(__file__).resolve().parent
 TRIALS = (
     "train/",
     "search/test_resume_driver.py",
+    "search/test_hang_trial.py",
     "preflight/",
     "cli/test_proxy_run.py",
     "calibrate/test_crossval.py",

@@ -20,6 +20,7 @@ def test_every_test_file_is_in_one_of_two_streams() -> None:
     outside = {f for f in trials if not f.startswith("train/")}
     assert outside == {
         "search/test_resume_driver.py",
+        "search/test_hang_trial.py",
         "preflight/test_preflight_ray.py",
         "preflight/test_verdict.py",
         "cli/test_proxy_run.py",
