@@ -3,8 +3,9 @@ its source), and what checkpointing more often than the optimum would cost."""
 
 from __future__ import annotations
 
+from service.report.decision_records import Goodput
 from service.report.render import Block
-from service.report.result import Goodput, RunResult
+from service.report.result import RunResult
 
 
 def _interval(hours: float) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from service.costmodel.goodput import RULE, wall_at_interval, wall_hours, write_hours
-from service.report.result import Goodput, IntervalCost
+from service.report.decision_records import Goodput, IntervalCost
 from service.spec.production import GoodputSpec
 
 # The intervals the memo prices against the optimum: (label, hours).

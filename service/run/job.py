@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from service.plans.select import MEETS_BUDGET
+from service.report.decision_records import Alternative
 from service.report.proxy_records import ProxyChoice, ProxyDesign
 from service.report.result import (
     CALIBRATED,
     PRIOR,
     PUBLISHED,
-    Alternative,
     ClusterSummary,
     Headline,
     PlanRow,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.plans.select import MEETS_BUDGET
-from service.report.result import Scenario, Sensitivity
+from service.report.decision_records import Scenario, Sensitivity
 from service.run.decide import ROBUST_TOLERANCE, Scored, regret, robust_choice, score
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec

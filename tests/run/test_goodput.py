@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from service.costmodel.goodput import wall_hours
+from service.report.decision_records import Goodput
 from service.report.memo_goodput import goodput_blocks
-from service.report.result import Goodput, RunResult
+from service.report.result import RunResult
 from service.run.goodput import goodput_record, interval_costs
 from service.spec import load_experiment
 from service.spec.production import GoodputSpec
