@@ -215,7 +215,7 @@ def run_proxy(
     priced at the load its experts measured (`predict_proxy`'s `moe_load`). `launch` runs the same
     workers some other way than Ray Train (the tests' local processes).
     """
-    from service.train.trainer import build_trainer, worker_config
+    from service.train.trainer import ray_trainer, trial_config
 
     started = time.time()
     base = ProxyResult.invalid("", plan)
@@ -233,32 +233,28 @@ def run_proxy(
         max_failures = 1 if max_failures is None else max_failures
     storage_path = storage_path or tempfile.mkdtemp(prefix="proxy-runs-")
     run_name = run_name or _safe_name(plan)
+    config = trial_config(
+        experiment,
+        plan,
+        run_dir=Path(storage_path) / run_name,
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+        inject_failure_at_step=inject_failure_at_step,
+        stall=stall,
+    )
     fit: Callable[[], Any]
     if launch is None:
         ensure_ray(num_cpus=max(2, plan.num_gpus))
-        fit = build_trainer(
+        trainer = ray_trainer(
             experiment,
-            plan,
+            config,
+            plan.num_gpus,
             run_name=run_name,
             storage_path=storage_path,
-            steps=steps,
-            checkpoint_every=checkpoint_every,
-            inject_failure_at_step=inject_failure_at_step,
             max_failures=max_failures or 0,
-            stall=stall,
-        ).fit
-    else:
-        run_dir = Path(storage_path) / run_name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config = worker_config(
-            experiment,
-            plan,
-            run_dir=str(run_dir),
-            steps=steps,
-            checkpoint_every=checkpoint_every,
-            inject_failure_at_step=inject_failure_at_step,
-            stall=stall,
         )
+        fit = trainer.fit
+    else:
         fit = functools.partial(launch, config, plan.num_gpus, max_failures or 0)
     status, reason = "ok", base.reason
     fit_start = time.time()

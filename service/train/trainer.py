@@ -57,6 +57,13 @@ def worker_config(
     )
 
 
+def trial_config(experiment: ExperimentSpec, plan: Plan, *, run_dir: Path, **options: Any) -> WorkerConfig:
+    """`worker_config` for a trial whose step log and markers go to `run_dir` (made here), whoever
+    launches its workers (`build_trainer`, or `run_proxy`'s `launch`)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return worker_config(experiment, plan, run_dir=str(run_dir), **options)
+
+
 def _prediction_or_empty(experiment: ExperimentSpec, plan: Plan) -> dict[str, float]:
     """The cost model's numbers under the names the worker reports them (`predicted_x`: the Ray
     boundary); NaN for each when it cannot predict this plan (the run still goes on)."""
@@ -193,22 +200,44 @@ def build_trainer(
             `PROXY_RAY_TRAIN_ENV`); False for the production run, which also checkpoints after its
             last step (the trained weights).
     """
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(CONTROLLER_POLL_INTERVAL_S))
-    run_dir = Path(storage_path) / run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = worker_config(
+    config = trial_config(
         experiment,
         plan,
-        run_dir=str(run_dir),
+        run_dir=Path(storage_path) / run_name,
         steps=steps,
         checkpoint_every=checkpoint_every,
         inject_failure_at_step=inject_failure_at_step,
         stall=stall,
         save_final=not proxy,
     )
+    return ray_trainer(
+        experiment,
+        config,
+        plan.num_gpus,
+        run_name=run_name,
+        storage_path=storage_path,
+        max_failures=max_failures,
+        callbacks=callbacks,
+        proxy=proxy,
+    )
+
+
+def ray_trainer(
+    experiment: ExperimentSpec,
+    config: WorkerConfig,
+    workers: int,
+    *,
+    run_name: str,
+    storage_path: str,
+    max_failures: int = 0,
+    callbacks: Sequence[Any] = (),
+    proxy: bool = True,
+) -> Any:
+    """The `TorchTrainer` of `build_trainer` for a worker config already made (`trial_config`)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(CONTROLLER_POLL_INTERVAL_S))
     use_gpu = experiment.proxy.device == "cuda"
     timeout_s = max(1, math.ceil(experiment.proxy.collective_timeout_s))
     trainer_class = _proxy_trainer_class() if proxy else TorchTrainer
@@ -218,9 +247,7 @@ def build_trainer(
         torch_config=device_aware_torch_config(timeout_s)
         if use_gpu
         else TorchConfig("gloo", timeout_s=timeout_s),
-        scaling_config=ScalingConfig(
-            num_workers=plan.num_gpus, use_gpu=use_gpu, resources_per_worker={"CPU": 1}
-        ),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(
             name=run_name,
             storage_path=storage_path,

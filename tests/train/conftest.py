@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from service.spec import ExperimentSpec, Plan
-from service.train.run import ProxyResult
+from service.train.run import Launch, ProxyResult, run_proxy
 
 
 class SharedTrials:
@@ -22,6 +22,25 @@ class SharedTrials:
         if key not in self._results:
             self._results[key] = run()
         return self._results[key]
+
+    def trial(
+        self,
+        experiment: ExperimentSpec,
+        plan: Plan,
+        storage: str,
+        name: str,
+        steps: int,
+        launch: Launch | None,
+    ) -> ProxyResult:
+        """`run_proxy` of `plan` for `steps` steps under `storage/name`, once per (experiment, plan):
+        by `launch` (local_workers.launch), or under Ray Train when it is None."""
+        return self.get(
+            experiment,
+            plan,
+            lambda: run_proxy(
+                experiment, plan, steps=steps, storage_path=storage, run_name=name, launch=launch
+            ),
+        )
 
 
 @pytest.fixture(scope="session")

@@ -242,25 +242,12 @@ PLANS = {
 @pytest.fixture(scope="module")
 def trial(tmp_path_factory, shared_trials):
     """`trial(name)`: the result of running PLANS[name] once in this session, in local processes."""
-    from service.train.run import run_proxy
-
     storage = str(tmp_path_factory.mktemp("moe"))
 
     def get(name: str):
         plan = PLANS[name]
         experiment = _experiment(plan.num_gpus, "dropless" if name.startswith("dropless") else "capacity")
-        return shared_trials.get(
-            experiment,
-            plan,
-            lambda: run_proxy(
-                experiment,
-                plan,
-                steps=STEPS,
-                storage_path=storage,
-                run_name=name,
-                launch=local_workers.launch,
-            ),
-        )
+        return shared_trials.trial(experiment, plan, storage, name, STEPS, local_workers.launch)
 
     return get
 

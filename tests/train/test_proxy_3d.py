@@ -60,18 +60,7 @@ def trial(tmp_path_factory, shared_trials):
 
     def get(name: str) -> ProxyResult:
         plan, experiment = PLANS[name], _experiment(PLANS[name].num_gpus)
-        return shared_trials.get(
-            experiment,
-            plan,
-            lambda: run_proxy(
-                experiment,
-                plan,
-                steps=STEPS,
-                storage_path=storage,
-                run_name=name,
-                launch=local_workers.launch,
-            ),
-        )
+        return shared_trials.trial(experiment, plan, storage, name, STEPS, local_workers.launch)
 
     return get
 

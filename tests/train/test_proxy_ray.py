@@ -71,13 +71,7 @@ def trial(ray_session, experiment, tmp_path_factory, shared_trials):
 
     def get(name: str) -> ProxyResult:
         launch = None if name in ON_RAY else local_workers.launch
-        return shared_trials.get(
-            experiment,
-            PLANS[name],
-            lambda: run_proxy(
-                experiment, PLANS[name], steps=STEPS, storage_path=storage, run_name=name, launch=launch
-            ),
-        )
+        return shared_trials.trial(experiment, PLANS[name], storage, name, STEPS, launch)
 
     return get
 
