@@ -30,6 +30,7 @@ from service.train.worker import WorkerConfig
 # What every worker imports before its first step (service.train.worker's own imports, DeepSpeed and
 # the Llama modules it builds the proxy from).
 PRELOAD = ("service.train.worker", "deepspeed", "transformers.models.llama.modeling_llama")
+CHECKPOINTS = "checkpoints"  # under the run folder: checkpoints/step<N>, every rank's files merged
 
 
 def start(fn: Callable[..., None], args: Sequence[Any], nprocs: int) -> None:
@@ -64,8 +65,6 @@ def _worker(rank: int, config: dict[str, Any], world: int, store: str, resume: s
     finally:
         dist.destroy_process_group()
 
-
-CHECKPOINTS = "checkpoints"
 
 
 def launch(config: WorkerConfig, workers: int, restarts: int) -> None:
