@@ -66,7 +66,6 @@ def _worker(rank: int, config: dict[str, Any], world: int, store: str, resume: s
         dist.destroy_process_group()
 
 
-
 def launch(config: WorkerConfig, workers: int, restarts: int) -> None:
     """`run_proxy(..., launch=launch)`: the trial's workers as local processes; after a worker dies
     (the others are stopped), up to `restarts` times again from the run's latest checkpoint."""
