@@ -92,6 +92,12 @@ def ray_head(
     try:
         _wait_dashboard(cluster.dashboard_url, token, proc, log, timeout_s=120)
         yield cluster
+    except BaseException as err:
+        # `ray start --block` ends the whole cluster when one of its processes exits unexpectedly (the
+        # dashboard, the autoscaler's monitor, ...); its log names which one, with that process's stderr.
+        if proc.poll() is not None:
+            err.add_note(f"ray start exited {proc.returncode} during the test: {log.read_text()[-4000:]}")
+        raise
     finally:
         proc.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
         try:
