@@ -1,4 +1,4 @@
-"""Running the service on a Ray cluster: job submission, the MLflow server on the head, cluster capacity.
+"""Running the service on a Ray cluster: job submission, cluster capacity, storage, ports.
 
-Imports ray and tracking; imported by the CLI, and `storage` (where outputs go) by every driver.
+Imports ray and spec; imported by the CLI, and `storage` (where outputs go) by every driver.
 """

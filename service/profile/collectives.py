@@ -13,11 +13,11 @@ step took 1.6-2.0 ms each.
 
 from __future__ import annotations
 
-import socket
 import statistics
 import time
 from typing import Any
 
+from service.cluster.ports import free_port
 from service.profile.record import CollectiveResult
 
 SIZES = (1, 2**14, 2**20)  # fp32 elements: latency-bound, middle, bandwidth-bound (4 MiB)
@@ -25,12 +25,6 @@ MAX_REPEATS = 60
 # Compute each rank runs before a call (a 256×256×256 fp32 matmul, ~0.1-0.5 ms on one core): the call
 # starts from a busy rank, with the skew between ranks that brings, as in a backward pass.
 COMPUTE_SIDE = 256
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(rank: int, world: int, port: int, budget_s: float, queue: Any) -> None:
@@ -71,7 +65,7 @@ def gloo_all_reduce(world: int = 2, budget_s: float = 10.0) -> list[CollectiveRe
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, budget_s, queue)) for r in range(world)]
     for p in procs:
         p.start()

@@ -18,18 +18,12 @@ text (`service.cluster.secrets`).
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from service.cluster.ports import free_port
 from service.cluster.secrets import keep_secrets_out_of_trials
 from service.train import cpu_layout
-
-
-def _free_local_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -76,7 +70,7 @@ def ensure_ray(num_cpus: int, num_gpus: int | None = None) -> bool:
         return True
     # Ray's own processes on a core of their own where the machine has cores to spare (cpu_layout.py)
     ray_cores, worker_cores = cpu_layout.split_cores(cpu_layout.usable_cores(), cpu_layout.reserve_from_env())
-    port = _free_local_port()
+    port = free_port()
     env_vars = {"RAY_ADDRESS": f"127.0.0.1:{port}"}
     if ray_cores:
         env_vars[cpu_layout.WORKER_CPUS_ENV] = ",".join(map(str, worker_cores))

@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from service.cli.search import _report
+from service.cluster.ports import free_port
 from service.search.prune import PrunedPlan
 from service.search.result import SearchResult, TrialRecord
 from service.spec import Plan
-from service.tracking.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "experiments" / "tiny-cpu.yaml"

@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.tracking.server import free_port
+from service.cluster.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -73,16 +73,32 @@ def ray_head(
 ) -> Iterator[LocalCluster]:
     temp_dir = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths are limited
     token = secrets.token_hex(32)
-    port, dash = port or free_port(), free_port()
-    ports = {name: str(free_port()) for name in ("ray-client-server-port", "dashboard-agent-listen-port",
-             "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
-             "node-manager-port", "object-manager-port")}  # fmt: skip
+    # Below the kernel's ephemeral range (service/cluster/ports.py): the agents bind theirs seconds after
+    # this, and a busy machine's outgoing connections must not take them meanwhile.
+    chosen: list[int] = [port] if port else []
+    for _ in range(11 - len(chosen)):
+        chosen.append(free_port(taken=chosen))
+    port, dash, autoscaler_metrics, dashboard_metrics, *rest = chosen
+    names = (
+        "ray-client-server-port",
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+        "node-manager-port",
+        "object-manager-port",
+    )
+    ports = dict(zip(names, map(str, rest), strict=True))  # fmt: skip
     cmd = ["ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
            f"--port={port}", f"--dashboard-port={dash}", f"--num-cpus={num_cpus}", "--num-gpus=0",
            f"--temp-dir={temp_dir}", "--include-dashboard=true", "--disable-usage-stats",
            *[f"--{k}={v}" for k, v in ports.items()], *(extra_args or [])]  # fmt: skip
     log = temp_dir / "ray-start.log"
     run_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, **(env or {})}
+    # The monitor's and the dashboard's metrics servers default to fixed ports (44217, 44227) every
+    # other Ray head on the machine wants too (they log the clash and go on without metrics).
+    run_env |= {"AUTOSCALER_METRIC_PORT": str(autoscaler_metrics),
+                "DASHBOARD_METRIC_PORT": str(dashboard_metrics)}  # fmt: skip
     run_env.pop("RAY_ADDRESS", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -20,7 +20,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.tracking.server import free_port
+from service.cluster.ports import free_port
 
 ROLE = "mlflow"
 

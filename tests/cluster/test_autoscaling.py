@@ -38,7 +38,7 @@ from local_cluster import ray_head
 from manifest_checks import ROOT
 
 from service.cluster.jobs import submit_job, wait_for_job
-from service.tracking.server import free_port
+from service.cluster.ports import free_port
 from service.train.device import GPU_FALLBACK
 
 IDLE_TIMEOUT_S = 15

@@ -43,17 +43,19 @@ def _accepts_a_job(cluster: LocalCluster, workdir: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """A head that has run one trivial job. On 2026-12-05, in two of three full-suite CI runs on a slow
-    2-core machine, a fresh head's job API closed the first submission's connection and then refused
-    all others (`ray start --block` had stopped the head), while the module alone passed, idle and
-    beside two busy cores. The cause was not found; a head that fails the trivial job is replaced once,
-    with a warning, and the tests' own submissions are checked as before."""
+    """A head that has run one trivial job. A head can stop seconds after it answered (`ray start
+    --block` stops all of it when one of its processes exits): seen in full-suite CI runs on a busy
+    2-core machine, never with the module alone. The likely cause, a port chosen for an agent taken by
+    an outgoing connection before the agent bound it, is avoided (ports below the ephemeral range,
+    service/cluster/ports.py); a head that still fails the trivial job is replaced once, with a warning
+    and the log of what exited, and the tests' own submissions are checked as before."""
     workdir = tmp_path_factory.mktemp("empty-job")
     with ExitStack() as heads:
         # 4 logical CPUs: a 2-worker trial holds 2, and the search keeps 1 for trial drivers.
         c = heads.enter_context(ray_head(num_cpus=4))
         if not _accepts_a_job(c, workdir):
-            note = f"the Ray head at {c.dashboard_url} did not run a trivial job; starting another"
+            tail = c.log.read_text()[-2000:]  # ray start's log: which of its processes exited
+            note = f"the Ray head at {c.dashboard_url} did not run a trivial job; starting another: {tail}"
             warnings.warn(note, stacklevel=2)
             c = heads.enter_context(ray_head(num_cpus=4))
         yield c
@@ -168,7 +170,7 @@ def test_missing_experiment_fails_in_one_line(cluster: LocalCluster):
 
 
 def test_unreachable_cluster_fails_fast_in_one_line():
-    from service.tracking.server import free_port
+    from service.cluster.ports import free_port
 
     started = time.monotonic()
     proc = _service_cli(dict(os.environ), "submit", "--address", f"http://127.0.0.1:{free_port()}", "--",

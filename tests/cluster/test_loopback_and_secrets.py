@@ -17,13 +17,14 @@ import hashlib
 import ipaddress
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from service.cluster.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,12 +93,6 @@ print("PROBE " + json.dumps(out))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What one local Ray of the service showed (see the module docstring); its output as `stdout`."""
@@ -107,7 +102,7 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env.update(PLANTED)
     # The autoscaler's and the dashboard's metrics servers on free ports, so that they do listen even
     # where another Ray holds their fixed defaults (44217, 44227).
-    env["AUTOSCALER_METRIC_PORT"], env["DASHBOARD_METRIC_PORT"] = (str(_free_port()) for _ in range(2))
+    env["AUTOSCALER_METRIC_PORT"], env["DASHBOARD_METRIC_PORT"] = (str(free_port()) for _ in range(2))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, str(results), json.dumps(digests)],

@@ -26,7 +26,7 @@ import yaml
 from local_postgres import LocalPostgres, bin_dir, local_postgres
 from manifest_checks import ROOT
 
-from service.tracking.server import free_port
+from service.cluster.ports import free_port
 
 NAME = "tiny-cpu-postgres"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from manifest_checks import ROOT
 
-from service.tracking.server import free_port
+from service.cluster.ports import free_port
 
 
 def _start(tmp_path: Path, port: int) -> tuple[subprocess.Popen[str], str]:

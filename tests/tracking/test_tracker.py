@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from service.cluster.ports import free_port
 from service.spec import TrackingSpec
 from service.tracking import Tracker, resolve
-from service.tracking.server import free_port, mlflow_server
+from service.tracking.server import mlflow_server
 
 
 def _target(tmp_path: Path, uri: str, name: str = "exp"):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from service.cluster.ports import free_port
 from service.spec import Plan
 from service.spec.errors import SpecError
 from service.spec.model import ModelSpec
@@ -28,7 +29,7 @@ from service.train.production import ProductionRun
 from service.train.weights import check_layout
 from tests.train import local_workers
 from tests.train.test_finetune import MODEL, _texts, experiment_file, save_checkpoint, write_jsonl
-from tests.train.test_finetune_tp import _free_port, yaml_seed
+from tests.train.test_finetune_tp import yaml_seed
 
 PP2 = Plan(dp=1, pp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32")
 STEPS = 6
@@ -103,7 +104,7 @@ def test_stages_hold_their_layers_of_the_checkpoint(checkpoint, tmp_path, plan):
     from safetensors.torch import load_file
 
     out, world = tmp_path / "stages.pt", plan.num_gpus
-    local_workers.start(_load_worker, (world, _free_port(), str(checkpoint), str(out), plan), nprocs=world)
+    local_workers.start(_load_worker, (world, free_port(), str(checkpoint), str(out), plan), nprocs=world)
     got = torch.load(out)
     whole = load_file(str(checkpoint / "model.safetensors"))
     layer = {i: {k for k in whole if k.startswith(f"model.layers.{i}.")} for i in (0, 1)}

@@ -14,12 +14,12 @@ loss, log the evaluation loss, and export weights that reload with the trained m
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 
+from service.cluster.ports import free_port
 from service.spec import Plan
 from service.train import hf_data
 from service.train.production import ProductionRun
@@ -75,12 +75,6 @@ def test_the_slice_reader_gives_torch_chunks(checkpoint):
 
 
 # --- slow: the loaded stack on 2 gloo processes ----------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _load_worker(rank: int, world: int, port: int, folder: str, out: str) -> None:
@@ -154,7 +148,7 @@ def test_cp2_stack_holds_the_checkpoint_and_splits_the_labelled_loss(checkpoint,
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "cp2.pt"
-    local_workers.start(_cp_worker, (2, _free_port(), str(checkpoint), str(out)), nprocs=2)
+    local_workers.start(_cp_worker, (2, free_port(), str(checkpoint), str(out)), nprocs=2)
     got = torch.load(out)
     whole = load_file(str(checkpoint / "model.safetensors"))
     assert got["state"].keys() == whole.keys() and all(torch.equal(got["state"][k], whole[k]) for k in whole)
@@ -177,7 +171,7 @@ def test_tp2_stack_holds_the_checkpoint_slices(checkpoint, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "tp2.pt"
-    local_workers.start(_load_worker, (2, _free_port(), str(checkpoint), str(out)), nprocs=2)
+    local_workers.start(_load_worker, (2, free_port(), str(checkpoint), str(out)), nprocs=2)
     got = torch.load(out)
     whole = load_file(str(checkpoint / "model.safetensors"))
     assert got["state"].keys() == whole.keys()

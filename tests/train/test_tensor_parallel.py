@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from service.cluster.ports import free_port
 from service.train import tensor_parallel as tpl
 from tests.train import local_workers
 
@@ -16,12 +16,6 @@ pytestmark = pytest.mark.slow  # two real processes on gloo (a few seconds)
 
 B, S, H, F = 2, 8, 12, 20  # batch, sequence (divisible by tp), hidden, MLP width (both even)
 ATOL = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _reference(seed: int) -> tuple[torch.nn.Linear, torch.nn.Linear, torch.Tensor]:
@@ -107,7 +101,7 @@ def _worker(rank: int, world: int, port: int) -> None:
 def test_tensor_parallel_layers_match_the_unsharded_layers():
     """Every case in one pair of processes (process start-up dominates): MLP without and with SP, a
     gathered head, a sequence-parallel norm's gradient."""
-    local_workers.start(_worker, (2, _free_port()), nprocs=2)
+    local_workers.start(_worker, (2, free_port()), nprocs=2)
 
 
 def test_a_width_tp_does_not_divide_is_refused(monkeypatch):

@@ -94,7 +94,7 @@ def test_worker_trains_without_importing_deepspeeds_muon(tmp_path, zero_stage):
     """DeepSpeed's ZeRO optimizers import its Muon modules (and through them torch._inductor, ~1.4 s of
     CPU) on every engine and gradient flattening; the worker's stand-ins answer "not Muon" without it,
     the plan still trains, and the stand-in refuses to be used as an optimizer."""
-    from service.tracking.server import free_port
+    from service.cluster.ports import free_port
     from service.train.trainer import worker_config
 
     experiment = load_experiment(ROOT / "experiments/tiny-cpu.yaml")
