@@ -27,16 +27,21 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.plan import Plan
+
+if TYPE_CHECKING:
+    from service.train.run import Launch
+    from service.train.weights import FineTune
 
 STORAGE_ENV = "SERVICE_STORAGE_PATH"
 ARTIFACT_MAX_BYTES = 1 << 30  # exported weights up to 1 GiB are copied into MLflow's artifact store
@@ -202,6 +207,8 @@ class ProductionRun:
         text_field: the field holding the text (when the data has no prompt/completion pairs).
         eval_fraction: share of the packed sequences held out for evaluation.
         eval_every: steps between evaluations (default: at the end only).
+        launch: runs the workers some other way than Ray Train, given their `WorkerConfig`, the worker
+            count and the restarts allowed (the tests' local processes; `run_proxy` takes the same).
     """
 
     def __init__(
@@ -222,6 +229,7 @@ class ProductionRun:
         text_field: str = "text",
         eval_fraction: float = 0.05,
         eval_every: int | None = None,
+        launch: Launch | None = None,
     ):
 
         spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
@@ -240,6 +248,7 @@ class ProductionRun:
         self.weights = str(Path(weights).resolve()) if weights is not None else None
         self.data, self.text_field = data, text_field
         self.eval_fraction, self.eval_every = eval_fraction, eval_every or 0
+        self.launch = launch
         self._rows = self._check_finetune()
 
     def _check_finetune(self) -> Any:
@@ -263,7 +272,7 @@ class ProductionRun:
             return None
         return hf_data.load_rows(self.data, self.text_field)
 
-    def _finetune_config(self, run_dir: Path) -> dict[str, Any] | None:
+    def _finetune_config(self, run_dir: Path) -> FineTune | None:
         """The workers' `finetune` section: the checkpoint, the packed data (written here, once, before
         the workers start: the same data and seed give the same files, so a resumed run reads what the
         interrupted one did) and where the trained weights go."""
@@ -286,13 +295,12 @@ class ProductionRun:
                 rows=self._rows,
             )
             data_dir = str(hf_data.write(packed, run_dir / "data"))
-        finetune = FineTune(
+        return FineTune(
             weights=self.weights,
             data_dir=data_dir,
             eval_every=self.eval_every,
             export_dir=str(run_dir / EXPORT_DIR),
         )
-        return finetune.model_dump(mode="json")
 
     def _young_daly_steps(self) -> int:
         """Steps between checkpoints when none is asked for: Young's interval (the memo's goodput
@@ -323,6 +331,8 @@ class ProductionRun:
     def fit(self) -> ProductionResult:
         from service.train.ray_session import ensure_ray
 
+        if self.launch is not None:
+            return self._fit()
         own_ray = ensure_ray(num_cpus=self.plan.num_gpus + 1)  # + the Train controller's
         try:
             if own_ray:
@@ -352,7 +362,7 @@ class ProductionRun:
 
     def _fit(self) -> ProductionResult:
         from service.train.run import classify_failure, read_log
-        from service.train.trainer import build_trainer
+        from service.train.trainer import ray_trainer, trial_config
         from service.train.weights import EXPORT_DIR
 
         started = time.monotonic()
@@ -361,25 +371,31 @@ class ProductionRun:
         finetune = self._finetune_config(run_dir)
         tags = {"init": self.weights or "random", **({"data": self.data} if self.data else {})}
         tracker = _MlflowRun(self.experiment, self.plan, self.run_name, tags) if self.track else None
-        trainer = build_trainer(
+        config = trial_config(
             self.experiment,
             self.plan,
-            run_name=self.run_name,
-            storage_path=str(self.storage_path),
+            run_dir=run_dir,
             steps=self.steps,
             checkpoint_every=self.checkpoint_every,
             inject_failure_at_step=self.inject_failure_at_step,
-            max_failures=self.max_failures,
-            proxy=False,
-        )
-        if finetune is not None:
-            # build_trainer has no fine-tuning argument: its worker config (the dict Ray Train sends to
-            # every worker, held by the trainer as `train_loop_config`) gets the section in place.
-            trainer.train_loop_config["finetune"] = finetune
+            save_final=True,
+        ).model_copy(update={"finetune": finetune})
+        if self.launch is None:
+            fit = ray_trainer(
+                self.experiment,
+                config,
+                self.plan.num_gpus,
+                run_name=self.run_name,
+                storage_path=str(self.storage_path),
+                max_failures=self.max_failures,
+                proxy=False,
+            ).fit
+        else:
+            fit = functools.partial(self.launch, config, self.plan.num_gpus, self.max_failures)
         status, reason = "ok", ""
         with _Follower(run_dir, self.steps, tracker, sys.stderr if self.progress else None):
             try:
-                trainer.fit()
+                fit()
             except Exception as err:  # Ray wraps the worker's error; report it in one line
                 status, reason = classify_failure(err)
         records, restarts = read_log(run_dir)

@@ -5,10 +5,11 @@ gathers every stage back into a checkpoint `from_pretrained` reloads.
 Fast: pipeline plans pass `check_layout`; context-parallel plans and a tied embedding under a pipeline are
 refused in one line naming the field. Slow: (1) two gloo processes build the pp2 pipeline from the
 checkpoint: each stage holds exactly its partition's tensors, equal to the checkpoint's, and the gathered
-state dict is the checkpoint, bitwise; (2) a pp2 fine-tune on 2 CPU workers under Ray Train starts from
-the checkpoint (its first loss is the Hugging Face model's on the same micro-batches), lowers the loss,
-logs an evaluation loss equal to the exported model's on the held-out split, and exports weights that
-reload with the trained pipeline's logits.
+state dict is the checkpoint, bitwise; (2) a pp2 fine-tune on 2 local CPU workers
+(tests/train/local_workers.py; test_finetune.py runs a fine-tune under Ray Train) starts from the
+checkpoint (its first loss is the Hugging Face model's on the same micro-batches), lowers the loss, logs
+an evaluation loss equal to the exported model's on the held-out split, and exports weights that reload
+with the trained pipeline's logits.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def test_stages_hold_their_layers_of_the_checkpoint(checkpoint, tmp_path, plan):
     assert all(torch.equal(got["state"][k], whole[k]) for k in whole)
 
 
-# --- slow: pp2 fine-tuning on 2 CPU workers under Ray Train ------------------------------------------
+# --- slow: pp2 fine-tuning on 2 local CPU workers -----------------------------------------------------
 
 
 @pytest.mark.slow
@@ -144,6 +145,7 @@ def test_pp2_finetune_starts_from_the_checkpoint_and_exports_reloadable_weights(
             weights=checkpoint,
             data=data,
             eval_every=EVAL_EVERY,
+            launch=local_workers.launch,
         ).fit()
     assert result.status == "ok", result.reason
     print(f"losses {result.losses} eval {result.eval_losses} wall {result.wall_s:.1f}s")

@@ -6,9 +6,11 @@ whole model, partitioned at load under ZeRO-3), and the export gathers them back
 Fast: the lazy slice reader gives `torch.chunk`'s pieces. Two gloo processes build (1) the tp2
 sequence-parallel stack from the checkpoint: its logits are the Hugging Face model's and the gathered
 state dict is the checkpoint, bitwise; (2) the cp2 (Ulysses) stack: the same, and its ranks' labelled
-losses make the whole sequence's. Slow: a tp2 and a cp2 ZeRO-3 fine-tune on 2 CPU workers under Ray
-Train start from the checkpoint (the first loss is the Hugging Face model's on the same batch), lower the
-loss, log the evaluation loss, and export weights that reload with the trained model's logits.
+losses make the whole sequence's. Slow: a tp2 and a cp2 ZeRO-3 fine-tune (`ProductionRun`) on 2 CPU
+workers start from the checkpoint (the first loss is the Hugging Face model's on the same batch), lower
+the loss, log the evaluation loss, and export weights that reload with the trained model's logits. Their
+workers are local processes (tests/train/local_workers.py): what is tested is what the layout loads,
+trains and exports; the same run under Ray Train, restart included, is test_finetune.py's ZeRO-3 one.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def test_tp2_stack_holds_the_checkpoint_slices(checkpoint, tmp_path):
     torch.testing.assert_close(got["logits"], expected, atol=1e-5, rtol=1e-5)
 
 
-# --- slow: tp2 and cp2 fine-tuning on 2 CPU workers under Ray Train --------------------------------
+# --- slow: tp2 and cp2 fine-tuning on 2 local CPU workers -----------------------------------------
 
 
 @pytest.mark.slow
@@ -205,6 +207,7 @@ def test_finetune_starts_from_the_checkpoint_and_exports_reloadable_weights(chec
             weights=checkpoint,
             data=data,
             eval_every=EVAL_EVERY,
+            launch=local_workers.launch,
         ).fit()
     assert result.status == "ok", result.reason
     print(f"losses {result.losses} eval {result.eval_losses} wall {result.wall_s:.1f}s")
