@@ -299,8 +299,14 @@ def test_zero3_finetune_lowers_the_loss_and_exports_reloadable_weights(finetuned
 def test_a_killed_finetune_resumes_on_the_same_data_bitwise(finetuned):
     """A worker killed at step 4 restarts from the step-2 checkpoint: the reloaded checkpoint is
     overwritten by DeepSpeed's state and the packed data's position, so losses and evaluation losses
-    are bitwise the uninterrupted run's."""
-    killed = finetuned.run("killed", checkpoint_every=2, max_failures=1, inject_failure_at_step=4)
+    are bitwise the uninterrupted run's. The killed run's workers are the tests' local processes
+    (tests/train/local_workers.py), restarted as Ray Train restarts them; Ray Train's own restart of a
+    killed worker is tests/cluster/test_production.py's."""
+    from tests.train import local_workers
+
+    killed = finetuned.run(
+        "killed", checkpoint_every=2, max_failures=1, inject_failure_at_step=4, launch=local_workers.launch
+    )
     assert killed.status == "ok" and killed.restarts == 1, killed.reason
     print(f"killed run: losses {killed.losses} wall {killed.wall_s:.1f}s")
     assert killed.losses == finetuned.result.losses  # bitwise: float equality
