@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from service.cluster.ports import free_port
 
@@ -130,3 +131,11 @@ def _stop(user: str | None, bindir: Path, data: Path, cwd: Path) -> None:
         _run(user, [*pg_ctl, "-m", "fast"], cwd, 40)
     except (RuntimeError, subprocess.TimeoutExpired):
         _run(user, [*pg_ctl, "-m", "immediate"], cwd, 40)
+
+
+def table_rows(sqlalchemy_uri: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows straight from PostgreSQL, past MLflow (psycopg takes the URI without SQLAlchemy's `+psycopg`)."""
+    import psycopg
+
+    with psycopg.connect(sqlalchemy_uri.replace("postgresql+psycopg://", "postgresql://", 1)) as conn:
+        return conn.execute(sql, params).fetchall()

@@ -3,15 +3,18 @@ stopped here), through Ray's job SDK (`JobSubmissionClient`, via service/cluster
 
 - `plan --json` runs as a job and its output comes back in the job's logs;
 - a tiny search runs as a job and its MLflow records land in the MLflow server (as on a cluster's
-  head: `python -m service mlflow-server`, artifacts proxied) named by MLFLOW_TRACKING_URI, passed in
-  `runtime_env.env_vars`, not in the job's temporary copy of the working dir, where they would vanish
-  with the cluster;
+  head: `python -m service mlflow-server` on PostgreSQL, artifacts proxied) named by MLFLOW_TRACKING_URI,
+  passed in `runtime_env.env_vars`, not in the job's temporary copy of the working dir, where they would
+  vanish with the cluster: MlflowClient reads them back over HTTP, and PostgreSQL's own `runs` and
+  `metrics` tables hold them (so the server did not quietly use a sqlite file; skipped, with the reason,
+  where PostgreSQL is not installed);
 - a missing experiment file fails in one line, before submission (the CLI) and inside the job;
 - an address where no cluster answers fails in one line, at once.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from local_cluster import LocalCluster, ray_head
+from local_postgres import table_rows
 from manifest_checks import ROOT
 
 from service.cluster.jobs import EXCLUDES, Job, client_for, submit_job, wait_for_job
@@ -95,14 +99,16 @@ def _tiny_search_files(tmp: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_search_job_records_land_in_the_mlflow_server(cluster: LocalCluster, tmp_path: Path):
+def test_search_job_records_land_in_the_mlflow_server_on_postgresql(
+    cluster: LocalCluster, postgres_uri: str, tmp_path: Path
+):
     from mlflow import MlflowClient
 
     from service.tracking.server import mlflow_server
 
     experiment, space = _tiny_search_files(tmp_path)
-    store, artifacts = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts"
-    with mlflow_server(store, artifacts_destination=artifacts, log_path=tmp_path / "mlflow.log") as url:
+    artifacts, log = tmp_path / "artifacts", tmp_path / "mlflow.log"
+    with mlflow_server(postgres_uri, artifacts_destination=artifacts, log_path=log) as url:
         env = {"MLFLOW_TRACKING_URI": url, "SERVICE_SEARCH_DIR": str(tmp_path / "searches")}
         started = time.monotonic()
         command = ["python", "-m", "service", "search", str(experiment), "--space", str(space), "--json"]
@@ -114,15 +120,33 @@ def test_search_job_records_land_in_the_mlflow_server(cluster: LocalCluster, tmp
         exp = client.get_experiment_by_name("tiny-cpu-job")
         assert exp is not None and exp.artifact_location.startswith("mlflow-artifacts:")
         runs = client.search_runs([exp.experiment_id])
-    assert list(artifacts.rglob("result.json"))  # the search's artifacts, proxied into the server's store
-
-    parent = next(r for r in runs if "num_ok" in r.data.metrics)
+        parent = next(r for r in runs if "num_ok" in r.data.metrics)
+        trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        history = client.get_metric_history(trials[0].info.run_id, "measured_tokens_per_s")
+        parent_artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    lines = outcome.logs.splitlines()
+    # `search --json`: one document, indented (whatever Ray prints after it on the job's log is left)
+    result, _ = json.JSONDecoder().raw_decode("\n".join(lines[lines.index("{") :]))
+    # Every record reached the server: none waits in the job's local backlog.
+    tracking = result["tracking"]
+    assert tracking["online"] and tracking["pending_records"] == 0, log.read_text()[-3000:]
+    assert result["mlflow_run_id"] == parent.info.run_id
     assert parent.data.metrics["num_ok"] == 1 and parent.data.metrics["best_tokens_per_s"] > 0
-    trials = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(trials) == 1 and any("tokens_per_s" in k for k in trials[0].data.metrics)
+    assert len(trials) == 1 and [m.step for m in history] == [1, 2, 3] and history[-1].value > 0
+    assert {"result.json", "trials.csv"} <= parent_artifacts
+    assert list(artifacts.rglob("result.json"))  # the search's artifacts, proxied into the server's store
     assert any((tmp_path / "searches").iterdir())  # Tune's search folder: where it was told, too
     # Nothing was written into the job's temporary copy of the working dir.
     assert not list(cluster.temp_dir.rglob("working_dir_files/**/mlflow.db"))
+
+    # The same runs, as rows of MLflow's tables in PostgreSQL.
+    stored = table_rows(postgres_uri, "SELECT run_uuid, status FROM runs WHERE experiment_id = %s",
+                        int(exp.experiment_id))  # fmt: skip
+    assert {run_id for run_id, _ in stored} == {r.info.run_id for r in runs}
+    assert dict(stored)[parent.info.run_id] == "FINISHED"
+    steps = table_rows(postgres_uri, "SELECT step, value FROM metrics WHERE run_uuid = %s AND key = %s "
+                       "ORDER BY step", trials[0].info.run_id, "measured_tokens_per_s")  # fmt: skip
+    assert [(step, value) for step, value in steps] == [(m.step, m.value) for m in history]
 
 
 @pytest.mark.slow
