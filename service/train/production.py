@@ -29,22 +29,21 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.plan import Plan
+from service.train.production_follow import ProductionMlflowRun, StepFollower, step_numbers
 
 if TYPE_CHECKING:
     from service.train.run import Launch
     from service.train.weights import FineTune
 
 STORAGE_ENV = "SERVICE_STORAGE_PATH"
-ARTIFACT_MAX_BYTES = 1 << 30  # exported weights up to 1 GiB are copied into MLflow's artifact store
 
 
 def full_scale(experiment: ExperimentSpec) -> ExperimentSpec:
@@ -89,99 +88,6 @@ class ProductionResult:
     last_metrics: dict[str, float] = field(default_factory=dict)
     eval_losses: dict[int, float] = field(default_factory=dict)  # step → evaluation loss (fine-tuning)
     hf_model_dir: str | None = None  # the trained weights in Hugging Face format (fine-tuning)
-
-
-def _numbers(record: dict[str, Any]) -> dict[str, float]:
-    """The numeric metrics of one step record."""
-    return {k: float(v) for k, v in record.get("metrics", {}).items() if isinstance(v, int | float)}
-
-
-class _Follower:
-    """Follows rank 0's step log from the driver: MLflow metrics per step, one progress line."""
-
-    def __init__(self, run_dir: Path, total: int, tracker: Any, out: TextIO | None):
-        self.run_dir, self.total, self.tracker, self.out = run_dir, total, tracker, out
-        self.logged = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="production-follow", daemon=True)
-
-    def __enter__(self) -> _Follower:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self.poll()  # the last steps, written just before fit() returned
-        if self.out is not None:
-            self.out.write("\n")
-            self.out.flush()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(1.0):
-            self.poll()
-
-    def poll(self) -> None:
-        from service.train.run import read_log
-
-        records, restarts = read_log(self.run_dir)
-        for record in records[self.logged :]:
-            metrics = {"loss": float(record["loss"]), "restarts": float(restarts)}
-            numbers = _numbers(record)
-            keys = ("tokens_per_s", "step_time_s", "eval_loss")
-            metrics.update({k: numbers[k] for k in keys if k in numbers})
-            if self.tracker is not None:
-                self.tracker.log_metrics(metrics, step=int(record["step"]))
-        shown, self.logged = self.logged, max(self.logged, len(records))
-        if self.out is not None and records and self.logged > shown:
-            last = records[-1]
-            rate = _numbers(last).get("tokens_per_s")
-            speed = f"  {rate:,.0f} tokens/s" if rate else ""
-            step, loss = last["step"], float(last["loss"])
-            evals = [_numbers(r)["eval_loss"] for r in records if "eval_loss" in _numbers(r)]
-            held = f"  eval {evals[-1]:.4f}" if evals else ""
-            line = f"\rstep {step}/{self.total}  loss {loss:.4f}{held}{speed}  restarts {restarts}   "
-            self.out.write(line)
-            self.out.flush()
-
-
-class _MlflowRun:
-    """The driver's MLflow run for a production run (params at start, metrics per step)."""
-
-    def __init__(self, experiment: ExperimentSpec, plan: Plan, run_name: str, tags: dict[str, str]):
-        import mlflow
-
-        from service.tracking.uri import resolve
-
-        target = resolve(experiment.tracking, experiment.name)
-        self.client = mlflow.MlflowClient(tracking_uri=target.uri)
-        exp = self.client.get_experiment_by_name(target.experiment_name)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(
-            target.experiment_name, artifact_location=target.artifact_location
-        )  # fmt: skip
-        tags = {"service.kind": "production", **tags}
-        run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
-        self.run_id = run.info.run_id
-        params = {"plan": plan.short(), **{k: str(v) for k, v in plan.model_dump().items()}}
-        for key, value in params.items():
-            self.client.log_param(self.run_id, key, value)
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        batch = [Metric(k, v, now, step) for k, v in metrics.items()]
-        self.client.log_batch(self.run_id, metrics=batch)
-
-    def log_model(self, directory: Path) -> None:
-        """The exported weights as the run's `hf_model` artifact when small (a tag has their path)."""
-        size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-        if size <= ARTIFACT_MAX_BYTES:
-            self.client.log_artifacts(self.run_id, str(directory), artifact_path="hf_model")
-        self.client.set_tag(self.run_id, "hf_model", str(directory))
-
-    def finish(self, status: str) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED" if status == "ok" else "FAILED")
 
 
 class ProductionRun:
@@ -370,7 +276,7 @@ class ProductionRun:
         self.storage_path.mkdir(parents=True, exist_ok=True)
         finetune = self._finetune_config(run_dir)
         tags = {"init": self.weights or "random", **({"data": self.data} if self.data else {})}
-        tracker = _MlflowRun(self.experiment, self.plan, self.run_name, tags) if self.track else None
+        tracker = ProductionMlflowRun(self.experiment, self.plan, self.run_name, tags) if self.track else None
         config = trial_config(
             self.experiment,
             self.plan,
@@ -393,7 +299,7 @@ class ProductionRun:
         else:
             fit = functools.partial(self.launch, config, self.plan.num_gpus, self.max_failures)
         status, reason = "ok", ""
-        with _Follower(run_dir, self.steps, tracker, sys.stderr if self.progress else None):
+        with StepFollower(run_dir, self.steps, tracker, sys.stderr if self.progress else None):
             try:
                 fit()
             except Exception as err:  # Ray wraps the worker's error; report it in one line
@@ -406,7 +312,8 @@ class ProductionRun:
             if hf_model is not None:
                 tracker.log_model(hf_model)
             tracker.finish(status)
-        evals = {int(r["step"]): _numbers(r)["eval_loss"] for r in records if "eval_loss" in _numbers(r)}
+        numbers = [(int(r["step"]), step_numbers(r)) for r in records]
+        evals = {step: n["eval_loss"] for step, n in numbers if "eval_loss" in n}
         return ProductionResult(
             plan=self.plan,
             status=status,
@@ -417,7 +324,7 @@ class ProductionRun:
             run_dir=str(run_dir),
             mlflow_run_id=tracker.run_id if tracker else None,
             wall_s=time.monotonic() - started,
-            last_metrics=_numbers(records[-1]) if records else {},
+            last_metrics=step_numbers(records[-1]) if records else {},
             eval_losses=evals,
             hf_model_dir=str(hf_model) if hf_model is not None else None,
         )
