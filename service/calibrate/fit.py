@@ -34,17 +34,10 @@ SOFT_L1_SCALE = 0.1
 
 def predict_runs(runs: Sequence[MeasuredRun], params: ModelParams) -> np.ndarray:
     """The cost model's tokens/s per GPU for each run under `params` (no memory headroom: the runs ran)."""
-    from service.costmodel import estimate_table
+    from service.costmodel.estimate import tokens_per_s_per_gpu
 
     return np.array(
-        [
-            float(
-                estimate_table(
-                    r.model, r.cluster, r.workload, r.plan_table(), 0.0, params
-                ).tokens_per_s_per_gpu[0]
-            )
-            for r in runs
-        ]
+        [float(tokens_per_s_per_gpu(r.model, r.cluster, r.workload, r.plan_table(), params)[0]) for r in runs]
     )
 
 

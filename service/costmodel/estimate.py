@@ -26,6 +26,20 @@ def _rows_of(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def tokens_per_s_per_gpu(
+    model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans: PlanTable, params: ModelParams
+) -> np.ndarray:
+    """Each plan's tokens/s per GPU: `estimate_table`'s column without the memory terms and intervals
+    around it (what a calibration fit evaluates for every run at every trial of its parameters)."""
+    step = np.sum(list(step_time_terms(model, cluster, workload, plans, params).values()), axis=0)
+    return _tokens_per_s(plans, workload, step) / cluster.num_gpus
+
+
+def _tokens_per_s(plans: PlanTable, workload: Workload, step_time_s: np.ndarray) -> np.ndarray:
+    """Tokens of a global batch over the step time."""
+    return plans.micro_batch * plans.grad_accum * plans.dp * workload.seq_len / step_time_s
+
+
 def estimate_table(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -59,7 +73,7 @@ def estimate_table(
     if timed is not None:
         t = {k: _rows_of(v, timed, len(p)) for k, v in t.items()}
     step = np.sum(list(t.values()), axis=0)
-    tokens_per_s = p.micro_batch * p.grad_accum * p.dp * workload.seq_len / step
+    tokens_per_s = _tokens_per_s(p, workload, step)
     per_gpu = tokens_per_s / cluster.num_gpus
     peak = peak_tflops(cluster.gpu, p.precision)  # fp8 plans: MFU against bf16 (GPUSpec.peak_tflops)
     model_tflops = per_gpu * model_flops_per_token(model, workload.seq_len) / 1e12
