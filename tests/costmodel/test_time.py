@@ -360,3 +360,20 @@ def test_megatron_hides_backward_tensor_parallel_collectives_behind_weight_gradi
     ds = estimate(narrow, cluster, plan, workload, params=prior).time_breakdown_s.tp_comm
     mg = estimate(narrow, cluster, plan.model_copy(update={"engine": "megatron"}), workload, params=prior)
     assert 0.5 * ds + prior["overlap_contention"] * 0.5 * ds < mg.time_breakdown_s.tp_comm < ds
+
+
+def test_a_fits_tokens_per_s_is_the_estimate_tables_bitwise():
+    """`tokens_per_s_per_gpu` (what a calibration fit evaluates) is `estimate_table`'s column, every
+    plan of the seed's space on three engines, to the last bit."""
+    from service.costmodel import estimate_table
+    from service.costmodel.estimate import tokens_per_s_per_gpu
+    from service.plans import enumerate_plans
+
+    work = Workload(seq_len=4096, global_batch_sequences=256, tokens_to_train=1e9)
+    plans = enumerate_plans(LLAMA13, CLUSTER, work, engines=("deepspeed", "megatron", "fsdp")).plans
+    params = ModelParams().with_values({"gemm_efficiency_scale": 0.8, "step_overhead_s": 0.3})
+    fast = tokens_per_s_per_gpu(LLAMA13, CLUSTER, work, plans, params)
+    assert len(plans) > 100
+    np.testing.assert_array_equal(
+        fast, estimate_table(LLAMA13, CLUSTER, work, plans, 0.0, params).tokens_per_s_per_gpu
+    )
