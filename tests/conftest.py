@@ -2,17 +2,16 @@
 
 The suite is mostly proxy trials: real Ray and DeepSpeed worker processes, each spending seconds of
 CPU on imports, and tests that wait on purpose (pending and hang timeouts, a killed driver, a store
-that is down, autoscaled fake nodes). Run one after another they left the two cores 29 % idle; as two
-streams side by side the cores stay ~90 % busy (fresh-clone CI runs on 2026-12-04: pytest 1,003 s
-as two streams against 1,216 s serially, same code).
+that is down, autoscaled fake nodes). Run one after another they leave the two cores idle for about a
+third of the time; as two streams side by side the cores stay ~90 % busy, and the suite takes about
+0.8 of its serial time on a fresh clone.
 
 Each test goes to one of two fixed groups (xdist's `xdist_group` marker), so the split is the same on
 every run and each stream runs its tests in file order:
 - "trials": tests/train (the proxy trials, and the session fixture two of its modules share), the
-  killed-driver and hung-trial search tests, preflight, `proxy-run`'s CLI tests and the two heaviest
-  pure-computation modules (the cross-validation and the enumeration benchmark): about half the
-  suite's time (fresh clone, 2026-12-06: 843 s of test time against the rest's 960 s before the
-  hung-trial search moved here);
+  killed-driver and hung-trial search tests, preflight, `proxy-run`'s CLI tests, the search CLI's
+  one-line errors and the heaviest pure-computation modules (the cross-validation, plan enumeration and
+  its benchmark): about half the suite's test time, measured with `--durations=0` on a fresh clone;
 - "rest": everything else. The cluster tests that start `ray start` heads stay in one stream.
 
 Without `-n` (a plain `python -m pytest ...`) the markers do nothing and the tests run serially.
@@ -32,7 +31,9 @@ TRIALS = (
     "search/test_hang_trial.py",
     "preflight/",
     "cli/test_proxy_run.py",
+    "cli/test_search.py",
     "calibrate/test_crossval.py",
+    "plans/test_enumerate.py",
     "plans/test_enumeration_benchmark.py",
 )
 
