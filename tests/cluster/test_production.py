@@ -1,7 +1,9 @@
 """`python -m service train` (ProductionRun): the tiny experiment at its own full scale (4 layers, 2
 workers) with a plan picked by label; one worker is killed mid-run (the worker's own failure hook:
 `os._exit` at a step), Ray Train restarts from the latest checkpoint, and the loss trajectory is
-bitwise the one of an uninterrupted run. The driver logged every step's loss to MLflow.
+bitwise the one of an uninterrupted run (run on the tests' local worker processes,
+tests/train/local_workers.py: the same worker loop, no Ray). The driver logged every step's loss to
+MLflow.
 """
 
 from __future__ import annotations
@@ -19,20 +21,23 @@ def test_killed_worker_resumes_and_the_loss_trajectory_is_bitwise(tmp_path: Path
     from mlflow import MlflowClient
 
     from service.train.production import ProductionRun
+    from tests.train import local_workers
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     common = {"plan": PLAN, "steps": STEPS, "storage_path": tmp_path / "runs", "checkpoint_every": 1}
-    reference = ProductionRun("experiments/tiny-cpu.yaml", run_name="reference", **common).fit()
+    reference = ProductionRun(
+        "experiments/tiny-cpu.yaml", run_name="reference", launch=local_workers.launch, **common
+    ).fit()
     assert reference.status == "ok" and reference.restarts == 0, reference.reason
-    # The trained weights: a production run saves after its last step too (DeepSpeed tag step<N>).
-    tags = {p.name for p in (tmp_path / "runs" / "reference").rglob("step*") if p.is_dir()}
-    assert f"step{STEPS}" in tags, sorted(tags)
     resumed = ProductionRun(
         "experiments/tiny-cpu.yaml", run_name="killed", max_failures=1, inject_failure_at_step=3, **common
     ).fit()
     assert resumed.status == "ok", resumed.reason
     assert resumed.restarts == 1 and (Path(resumed.run_dir) / "injected_failure.done").exists()
+    # Ray Train kept DeepSpeed's checkpoints, its last step's among them (tag step<N>).
+    tags = {p.name for p in (tmp_path / "runs" / "killed").rglob("step*") if p.is_dir()}
+    assert f"step{STEPS}" in tags, sorted(tags)
     assert len(reference.losses) == STEPS
     assert resumed.losses == reference.losses  # bitwise: float equality, not approx
 
