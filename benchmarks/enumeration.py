@@ -121,11 +121,51 @@ def best_row(ranking: Any, row: int) -> dict[str, Any]:
     }
 
 
+# One ranking in a fresh process (a process's earlier arrays change what its allocator and the kernel
+# do for the next ones): argv = benchmarks folder, model, GPUs, "ordinary" | "huge".
+ONE_RANKING = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import enumeration
+from service.catalog import load_model
+from service.plans import pages
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+pages.ENABLED = sys.argv[4] == "ordinary"
+m, c, w = enumeration.scenario(load_model(sys.argv[2]), int(sys.argv[3]))
+started = time.perf_counter()
+enumeration.rank(m, c, w, enumeration.ENGINES)
+print(time.perf_counter() - started)
+"""
+
+
+def pages_baseline(model_name: str, gpus: int) -> dict[str, Any]:
+    """The scenario ranked in fresh processes with ordinary pages (the planner's way) and with NumPy's
+    huge pages (its default), one after the other: seconds each and their ratio."""
+    import subprocess
+    import sys
+
+    seconds = {}
+    for pages in ("ordinary", "huge"):
+        cmd = [sys.executable, "-c", ONE_RANKING, str(Path(__file__).parent), model_name, str(gpus), pages]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=600).stdout
+        seconds[f"{pages}_pages_s"] = round(float(out.strip().splitlines()[-1]), 3)
+    ratio = round(seconds["huge_pages_s"] / seconds["ordinary_pages_s"], 2)
+    print(f"{model_name} {gpus} GPUs, fresh processes: {seconds}, huge pages / ordinary {ratio}")
+    return {"scenario": f"{model_name}-{gpus}xh100", **seconds, "huge_over_ordinary": ratio}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scalar-sample", type=int, default=100)
     ap.add_argument("--out", type=Path, default=RESULTS_PATH)
+    ap.add_argument(
+        "--pages-baseline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also rank the largest space with NumPy's huge pages, as a baseline (service/plans/pages.py)",
+    )
     args = ap.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
@@ -153,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(f"{model.name:12s} {gpus:6d} GPUs: {speed[f'{model.name}-{gpus}xh100']}")
     results["speed"] = speed
+    if args.pages_baseline:
+        results["ordinary_pages"] = pages_baseline("deepseek-v3", 2048)
     m, c, w = scenario(load_model("llama3-70b"), 1024)
     answers: dict[str, Any] = {}
     for precision in ("bf16", "fp8"):

@@ -28,6 +28,7 @@ from service.plans.enumerate import (
     enumerate_plans,
     outside_space,
 )
+from service.plans.pages import with_ordinary_pages
 from service.plans.select import GIB, STATUSES, Selection, objective_order, select_plan
 from service.spec import (
     Budget,
@@ -98,6 +99,7 @@ class Ranking:
         return {**invalid, **self.selection.counts()}
 
 
+@with_ordinary_pages
 def rank_plans(
     model: ModelSpec,
     cluster: ClusterSpec,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.plans.pages import with_ordinary_pages
 from service.plans.rules import (  # noqa: F401  (re-exported: the rule codes belong to enumeration)
     COMBINATION_REASONS,
     INVALID_REASONS,
@@ -278,6 +279,7 @@ def _named_counts(counts: np.ndarray) -> dict[str, int]:
     return dict(sorted(pairs, key=lambda kv: -kv[1]))
 
 
+@with_ordinary_pages
 def enumerate_plans(
     model: ModelSpec,
     cluster: ClusterSpec,
