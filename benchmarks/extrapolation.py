@@ -36,7 +36,7 @@ from service.costmodel import estimate
 from service.spec import Plan, load_experiment
 from service.spec.params import MEMORY_PARAMS, TIME_PARAMS, ModelParams
 from service.train.proxy_scale import proxy_cluster, proxy_model, proxy_plan, proxy_workload
-from service.train.run import run_proxy
+from service.train.proxy_trial import run_proxy
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.10

@@ -44,7 +44,7 @@ if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; 
 else  # a smoke test of this script: the tiny CPU proxy's shapes, no gloo processes
   device=cpu budget="${PROFILE_BUDGET_S:-20}" shapes=(--experiment experiments/tiny-cpu.yaml --workers 0)
 fi
-base=$($PY -c "from service.profile.run import catalog_gpu_for_device as c; print(c('$device'))")
+base=$($PY -c "from service.profile.profiler import catalog_gpu_for_device as c; print(c('$device'))")
 entry="${base}-profiled"
 
 echo "== profile: $device, ${shapes[*]}, budget ${budget}s, catalog entry $entry" | tee -a "$LOG"

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from service.spec import Plan, load_experiment
-from service.train.run import ensure_ray, read_log, run_proxy
+from service.train.proxy_trial import ensure_ray, read_log, run_proxy
 from service.train.trainer import worker_config
 
 ROOT = Path(__file__).resolve().parents[1]

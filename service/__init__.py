@@ -32,8 +32,8 @@ _LAZY: dict[str, str] = {
     "PlanResult": "service.planner",
     "RankedPlan": "service.planner",
     "estimate_plan": "service.planner",
-    "Run": "service.run",
-    "RunResult": "service.run",
+    "Run": "service.design",
+    "RunResult": "service.design",
     "Search": "service.search",
     "SearchConfig": "service.search",
     "SearchResult": "service.search",
@@ -44,12 +44,12 @@ if TYPE_CHECKING:  # what mypy sees for every lazy name (at run time they come f
     from service.costmodel import Estimate as Estimate
     from service.costmodel import estimate as estimate
     from service.costmodel import estimate_table as estimate_table
+    from service.design import Run as Run
+    from service.design import RunResult as RunResult
     from service.planner import Planner as Planner
     from service.planner import PlanResult as PlanResult
     from service.planner import RankedPlan as RankedPlan
     from service.planner import estimate_plan as estimate_plan
-    from service.run import Run as Run
-    from service.run import RunResult as RunResult
     from service.search import Search as Search
     from service.search import SearchConfig as SearchConfig
     from service.search import SearchResult as SearchResult

@@ -1,6 +1,6 @@
 """Every docstring example in the package runs as a test (doctest). Those that need a Ray cluster or a
 GPU (`fit()`, a job submission, a production run) are marked `doctest: +SKIP`; the same calls run for
-real elsewhere in the suite (e.g. tests/search/test_integration_search.py, tests/run)."""
+real elsewhere in the suite (e.g. tests/search/test_integration_search.py, tests/design)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One ranking function (`service.planner.rank_plans`) behind the Python API (`Planner`), the CLI's
-`plan`, and `run`'s scoring (`run.decide.score`, which adds goodput and keeps to the engines it
+`plan`, and `run`'s scoring (`design.decide.score`, which adds goodput and keeps to the engines it
 launches): the same inputs give the same table and the same choice on every path."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from service.design.decide import LAUNCHED_ENGINES, score
+from service.design.finish import assumptions
 from service.planner import Planner, rank_plans
 from service.report.proxy_records import Calibration, ProxyDesign
-from service.run.decide import LAUNCHED_ENGINES, score
-from service.run.finish import assumptions
 from service.spec import load_experiment
 from service.spec.params import load_params
 from service.spec.plan_table import ENGINE_CODES

@@ -4,7 +4,7 @@ The planner part runs for real (milliseconds). `Run.fit()` (the main job, minute
 (proxy trials on Ray) are replaced by results made here: their constructors still validate every
 argument the README passes, and the calls the README makes on their results run on a real
 `SearchResult` and are checked against `RunResult`'s fields. (Both `fit()`s run for real in
-tests/run and tests/search.)"""
+tests/design and tests/search.)"""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_readme_has_a_python_block() -> None:
 
 @pytest.mark.parametrize("block", python_blocks())
 def test_readme_python_block_runs(block: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.design.job import Run
     from service.report.result import RunResult
-    from service.run.job import Run
     from service.search.driver import Search
     from service.search.result import SearchResult, TrialRecord
 

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from service.cli.stdio import library_output_to_stderr
-    from service.preflight.run import Preflight, main_line
+    from service.preflight.first_hour import Preflight, main_line
 
     overrides = {
         "min_tokens_per_s": args.min_tokens_per_s,

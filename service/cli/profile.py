@@ -57,7 +57,7 @@ def _model_and_seq_len(args: argparse.Namespace) -> tuple[Any, int | None]:
 
 def run(args: argparse.Namespace) -> int:
     from service.profile import catalog, default_config, run_profile
-    from service.profile.run import detect_device
+    from service.profile.profiler import detect_device
     from service.spec.errors import SpecError
 
     if args.out:

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ["RAY_ADDRESS"] = args.address
     plan = _plan(args, experiment)
     from service.cli.stdio import library_output_to_stderr
-    from service.train.run import ProxyResult, run_proxy
+    from service.train.proxy_trial import ProxyResult, run_proxy
 
     if isinstance(plan, str):  # bad input like any other: exit 2, one line naming the field
         if args.json:

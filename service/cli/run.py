@@ -84,7 +84,7 @@ def _pct(x: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from service.cli.args import output_path
     from service.cli.stdio import library_output_to_stderr
-    from service.run.job import DEFAULT_MAX_PROXIES, Run
+    from service.design.job import DEFAULT_MAX_PROXIES, Run
 
     if args.max_proxies is not None and args.max_proxies < 0:
         raise SpecError("--max-proxies", f"must be 0 or more, got {args.max_proxies}")

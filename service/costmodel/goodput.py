@@ -1,7 +1,7 @@
 """Goodput: the wall-clock a run really takes once interruptions, checkpoints and restarts are paid.
 
 The math, vectorised over plans (`wall_hours`, `with_goodput`); the memo's record of it is
-service/run/goodput.py.
+service/design/goodput.py.
 
 - Interruptions arrive at `λ` per GPU-hour, so the job's mean time between failures is M = 1 / (λ · N).
   The experiment sets λ (`goodput.interruptions_per_gpu_hour`); otherwise it depends on the cluster

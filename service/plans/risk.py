@@ -32,7 +32,7 @@ from service.costmodel.result import EstimateTable
 from service.spec.engine import engine_rules
 from service.spec.plan_table import ENGINE_CODES, PlanTable
 
-# The analytical prior's relative error on activations and model state (run/calibration.py states the
+# The analytical prior's relative error on activations and model state (design/calibration.py states the
 # same rule for memory intervals when no proxy ran).
 MEMORY_RISK_ERROR = 0.25
 

@@ -9,8 +9,8 @@ timed over a model's shapes and turned into the GPU catalog's speed fields.
 """
 
 from service.profile.catalog import catalog_entry_yaml, write_catalog_entry
+from service.profile.profiler import ProfileConfig, default_config, run_profile
 from service.profile.record import Profile, load_profile
-from service.profile.run import ProfileConfig, default_config, run_profile
 
 __all__ = [
     "Profile",

@@ -26,7 +26,7 @@ INFEASIBLE = ("oom", "failed", "invalid", "hang")
 # Never ran: the cluster did not place the trial's workers in time. Says nothing about the plan.
 UNSCHEDULABLE = "unschedulable"
 # A worker process died without an error of its own (a signal, a crash, a node lost): the trial failed,
-# but says nothing about whether the plan fits (service.train.run.classify_failure).
+# but says nothing about whether the plan fits (service.train.proxy_trial.classify_failure).
 KILLED = "killed"
 ERRORS = (*INFEASIBLE, KILLED)  # trials that ran and failed: `num_errors`, `errors`
 
@@ -114,7 +114,7 @@ def trial_outcome(
     if final is not None:
         return str(final["trial_status"]), str(final.get("trial_reason") or ""), last_step
     if error is not None:
-        from service.train.run import classify_failure
+        from service.train.proxy_trial import classify_failure
 
         hang = next((ln.strip() for ln in str(error).splitlines() if "hang: " in ln), None)
         if hang is not None:  # raised by the trial driver (trial.TrialHang)
@@ -181,6 +181,12 @@ class SearchResult:
         object.__setattr__(self, "trials", tuple(self.trials))
         object.__setattr__(self, "pruned", tuple(self.pruned))
         object.__setattr__(self, "tracking", MappingProxyType(dict(self.tracking)))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Picklable (a result handed from a driver process to another, as Tune's ResultGrid is): the
+        # read-only mapping proxy is not, so the fields go by value and are wrapped again on load.
+        fields = (self.metric, self.mode, self.trials, self.pruned, self.mlflow_run_id, self.path)
+        return type(self), (*fields, dict(self.tracking), self.stopped_reason, self.copied_to)
 
     @property
     def best(self) -> TrialRecord | None:

@@ -251,7 +251,7 @@ def _fit(
     function returns, and the Train controller and its workers (or its pending placement group, which
     `PlacementGroupSweeper` removes) go with the actor that owns them.
     """
-    from service.train.run import classify_failure
+    from service.train.proxy_trial import classify_failure
 
     outcome: dict[str, Any] = {}
 
@@ -317,7 +317,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
             stall=_stall_for(setup, config["plan"]),
         )
     except Exception as err:  # e.g. a plan the trainer refuses: the trial's result, not a crash
-        from service.train.run import classify_failure
+        from service.train.proxy_trial import classify_failure
 
         status, reason = classify_failure(err)
         _log(log_path, f"could not build the trainer: {traceback.format_exc()}")
@@ -362,7 +362,7 @@ def _earlier_outcome(run_dir: Path, steps: int) -> tuple[str, str, dict[str, flo
     """How this trial's Train run ended in an earlier driver, if it did: its outcome file, or a step
     log that reached the last step (the driver may have died between the last step and the file).
     """
-    from service.train.run import read_log
+    from service.train.proxy_trial import read_log
 
     records, _ = read_log(run_dir)
     last = dict(records[-1].get("metrics", {})) if records else {}

@@ -40,7 +40,7 @@ from service.spec.plan import Plan
 from service.train.production_follow import ProductionMlflowRun, StepFollower, step_numbers
 
 if TYPE_CHECKING:
-    from service.train.run import Launch
+    from service.train.proxy_trial import Launch
     from service.train.weights import FineTune
 
 STORAGE_ENV = "SERVICE_STORAGE_PATH"
@@ -210,7 +210,7 @@ class ProductionRun:
 
     def _young_daly_steps(self) -> int:
         """Steps between checkpoints when none is asked for: Young's interval (the memo's goodput
-        section, service/run/goodput.py) over the cost model's step time for this plan, at most the run's
+        section, service/design/goodput.py) over the cost model's step time for this plan, at most the run's
         length (then the run saves only after its last step, which every production run does)."""
         from service.costmodel.estimate import estimate
         from service.spec.production import checkpoint_bytes
@@ -267,7 +267,7 @@ class ProductionRun:
             )
 
     def _fit(self) -> ProductionResult:
-        from service.train.run import classify_failure, read_log
+        from service.train.proxy_trial import classify_failure, read_log
         from service.train.trainer import ray_trainer, trial_config
         from service.train.weights import EXPORT_DIR
 

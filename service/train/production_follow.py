@@ -47,7 +47,7 @@ class StepFollower:
             self.poll()
 
     def poll(self) -> None:
-        from service.train.run import read_log
+        from service.train.proxy_trial import read_log
 
         records, restarts = read_log(self.run_dir)
         for record in records[self.logged :]:

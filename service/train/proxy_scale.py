@@ -139,7 +139,7 @@ def _moe_proxy_problem(plan: Plan) -> str | None:
 # the 1-layer 13B-width proxy measured 0.087 s: 0.121 s predicted with the overhead, 0.058 s without
 # (benchmarks/results/gpu_proxy_depth.json, before the meter's fix). So proxies are predicted with
 # these two at their prior (0), and a run that calibrates on proxies of the production GPU fits them
-# there (service/run/calibration.py).
+# there (service/design/calibration.py).
 FRAMEWORK_OVERHEADS = ("step_overhead_s", "microstep_overhead_s")
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from service.cli.main import main
-from service.run.job import default_out_dir
+from service.design.job import default_out_dir
 from service.spec import SpecError, load_experiment
 
 TINY = Path(__file__).resolve().parents[2] / "experiments" / "tiny-cpu.yaml"

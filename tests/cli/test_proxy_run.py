@@ -61,7 +61,7 @@ def test_plan_deepspeed_cannot_run_is_invalid_not_a_crash(capsys):
     assert len(err.splitlines()) == 1 and err.startswith("error: offload_params: ")
     assert data["status"] == "invalid" and "zero_stage 3" in data["reason"]
     assert data["reason"].startswith("offload_params: ")  # the field at fault
-    from service.train.run import ProxyResult
+    from service.train.proxy_trial import ProxyResult
 
     assert set(data) == set(ProxyResult.model_fields)  # the same document as a run's, with plan None
     assert data["plan"] is None and data["losses"] == [] and data["measured"] == {}

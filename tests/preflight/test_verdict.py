@@ -152,7 +152,7 @@ def test_the_measured_run_loads_and_calibrates(tiny, tmp_path):
 
 
 def _fake_result(reasons: list[str]):
-    from service.preflight.run import PreflightResult
+    from service.preflight.first_hour import PreflightResult
 
     return PreflightResult(
         experiment="tiny-cpu",
@@ -175,7 +175,7 @@ def _fake_result(reasons: list[str]):
 
 @pytest.mark.parametrize(("reasons", "code"), [([], 0), (["tokens/s 1 < 2"], 1)])
 def test_cli_prints_one_json_document_and_exits_by_verdict(monkeypatch, capsys, reasons, code):
-    import service.preflight.run as run_module
+    import service.preflight.first_hour as run_module
     from service.cli.main import main
 
     seen = {}

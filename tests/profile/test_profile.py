@@ -211,7 +211,7 @@ def test_importing_the_profile_package_does_not_import_torch():
 @pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU")
 def test_cuda_profile_in_bf16_against_the_datasheet_peak(tmp_path):
     from service.catalog import load_model
-    from service.profile.run import catalog_gpu_for_device, default_config
+    from service.profile.profiler import catalog_gpu_for_device, default_config
 
     model = load_model("llama2-7b")
     profile = run_profile(model, budget_s=20.0, device="cuda", config=default_config("cuda"))
@@ -225,7 +225,7 @@ def test_cuda_profile_in_bf16_against_the_datasheet_peak(tmp_path):
 
 
 def test_cuda_config_times_attention_up_to_64k_and_the_experiments_own_length():
-    from service.profile.run import default_config
+    from service.profile.profiler import default_config
 
     cfg = default_config("cuda", seq_len=3000)
     assert cfg.seq_lens == (1024, 2048, 3000, 4096, 8192, 16384, 32768, 65536)

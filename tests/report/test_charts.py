@@ -22,7 +22,7 @@ MIB = 2**20
 
 
 def _plan_only(tmp: Path, experiment: str) -> RunResult:
-    from service.run.job import Run
+    from service.design.job import Run
 
     data = yaml.safe_load((REPO / "experiments" / experiment).read_text())
     data["tracking"] = {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "buffer_dir": str(tmp / "pending")}

@@ -34,7 +34,7 @@ SECTIONS = (
 
 @pytest.fixture(scope="module")
 def plan_only(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    from service.run.job import Run
+    from service.design.job import Run
 
     tmp = tmp_path_factory.mktemp("memo")
     data = yaml.safe_load((REPO / "experiments" / "llama2-13b-32xh100.yaml").read_text())

@@ -71,7 +71,7 @@ def test_restore_errors_are_one_line(tmp_path: Path) -> None:
 def test_a_search_whose_tune_state_was_cut_off_is_not_continued(tmp_path: Path, monkeypatch) -> None:
     """Tune writes experiment_state-*.json in place; a driver killed during the write leaves it empty.
     Continuing would restore no trial while the searcher remembers its launches, so the search says so
-    in one line instead (and `run` starts a fresh one: tests/run)."""
+    in one line instead (and `run` starts a fresh one: tests/design)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     run_config = RunConfig(storage_path=tmp_path, name="s2")
     search = Search(EXPERIMENT, SPACE, config=RANDOM_2, run_config=run_config)

@@ -3,6 +3,7 @@ handling of a run that fails, runs out of memory, or hangs (fake trainers, no Ra
 
 from __future__ import annotations
 
+import pickle
 import threading
 from pathlib import Path
 
@@ -91,6 +92,18 @@ def test_a_result_cannot_be_changed_once_built() -> None:
     with pytest.raises(ValidationError):
         result.trials[0].status = "failed"  # type: ignore[misc]
     assert result.to_dict()["tracking"] == {"uri": "sqlite:///x.db"}
+
+
+def test_a_result_survives_pickling_read_only() -> None:
+    # A driver in another process hands its result over (tests/search/conftest.py::tiny_search does).
+    trials = [_record("a", "ok", 100.0), _record("b", "oom", None)]
+    pruned = [PrunedPlan({"tp": 4}, "dp·tp·pp = 8 but the proxy has 2 workers", "invalid")]
+    result = SearchResult("tokens_per_s", "max", trials, pruned, "run1", "/tmp/x", tracking={"online": True},
+                          stopped_reason="all 2 planned trials ran", copied_to="s3://b/search/x")  # fmt: skip
+    back = pickle.loads(pickle.dumps(result))
+    assert back == result and back.to_dict() == result.to_dict() and back.best.trial_id == "a"
+    with pytest.raises(TypeError):
+        back.tracking["online"] = False  # type: ignore[index]
 
 
 class _Clock:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from service.catalog import load_model
 from service.costmodel import estimate
+from service.design.sensitivity import levers, with_network
 from service.report.memo import _network
 from service.report.result import ClusterSummary
-from service.run.sensitivity import levers, with_network
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import ModelParams
 from service.spec.workload import Budget

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from service.spec import ExperimentSpec, Plan
-from service.train.run import Launch, ProxyResult, run_proxy
+from service.train.proxy_trial import Launch, ProxyResult, run_proxy
 
 
 class SharedTrials:

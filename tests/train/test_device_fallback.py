@@ -54,7 +54,7 @@ def test_gpu_trainer_makes_a_nccl_group_only_when_every_worker_has_cuda(
 def test_trial_on_fake_gpus_runs_on_cpu_and_reports_the_fallback(capfd):
     import ray
 
-    from service.train.run import ensure_ray, run_proxy
+    from service.train.proxy_trial import ensure_ray, run_proxy
 
     # It needs its own Ray session, one that declares GPUs: a session an earlier test left running is
     # ended rather than the test skipped (a skip here would hide a broken fallback). Tests that need

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.train.run import classify_failure
+from service.train.proxy_trial import classify_failure
 
 # `ray.train.WorkerGroupError` of a run whose rank-0 worker was sent SIGKILL at step 2 (paths trimmed).
 KILLED = """Training failed due to worker errors:

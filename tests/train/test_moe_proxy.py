@@ -169,7 +169,7 @@ def test_the_padded_load_is_experts_times_deepspeeds_capacity_over_the_routed_sl
 def test_the_calibration_prices_a_moe_proxy_at_the_load_it_measured():
     """The run's calibration fits and compares a MoE proxy at its measured `moe_load` (its workload's
     imbalance), not at the experiment's; a load under 1 cannot be priced and is clipped to 1."""
-    from service.run.calibration import measured_runs, proxy_prediction
+    from service.design.calibration import measured_runs, proxy_prediction
     from service.search.result import TrialRecord
     from service.spec.params import ModelParams
 
@@ -328,7 +328,7 @@ def test_a_dropless_proxy_reports_its_load_and_its_activations_match_the_model_a
     activations are the model's at that load, which `run_proxy` prices it at; at the experiment's
     imbalance (1.5) they are not (the miss a run's calibration fitted `activation_memory_scale` on)."""
     from service.train.proxy_scale import predict_proxy
-    from service.train.run import read_log
+    from service.train.proxy_trial import read_log
 
     result = trial("dropless-ep2-z1")
     assert result.status == "ok", result.reason
@@ -357,7 +357,7 @@ def test_a_dropless_proxy_reports_its_load_and_its_activations_match_the_model_a
 def test_ep2_resume_after_injected_failure_is_bitwise_identical(trial, tmp_path):
     """DeepSpeed writes each expert to a file of its own (`layer_<i>_expert_<id>_...`, engine.py
     `_save_moe_checkpoint`) and the rest of the model apart; the workers' RNG and data positions with them."""
-    from service.train.run import run_proxy
+    from service.train.proxy_trial import run_proxy
 
     reference = trial("ep2-z1")
     resumed = run_proxy(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from service.spec import Plan, load_experiment
-from service.train.run import ProxyResult, ensure_ray, run_proxy
+from service.train.proxy_trial import ProxyResult, ensure_ray, run_proxy
 from tests.train import local_workers
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.report.result import CALIBRATED, PRIOR, PUBLISHED
-from tests.run.conftest import tiny_experiment
+from tests.design.conftest import tiny_experiment
 
 
 @pytest.mark.slow  # ~35 s on 2 cores: the whole pipeline, memo and MLflow included (no Ray)

@@ -193,7 +193,7 @@ class Preflight:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        from service.train.run import classify_failure
+        from service.train.proxy_trial import classify_failure
         from service.train.trainer import device_aware_torch_config, worker_config
 
         self._say("preflight: timing collectives and a checkpoint on the workers")
@@ -284,7 +284,7 @@ class Preflight:
         self, production: Any, probe: dict[str, Any], wall_s: float, other: Any = None
     ) -> PreflightResult:
         from service.train.proxy_scale import proxy_plan
-        from service.train.run import read_log
+        from service.train.proxy_trial import read_log
 
         m = production.last_metrics
         records, _ = read_log(production.run_dir)

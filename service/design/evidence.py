@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from service.calibrate.nearest import describe, nearest_runs
+from service.design.decide import Scored
 from service.report.decision_records import Evidence, TieGroup
-from service.run.decide import Scored
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams
 from service.spec.stack import stack_names

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from service.run.validate import Choice
+from service.design.validate import Choice
 from service.search.config import RunConfig, SearchConfig
 from service.search.driver import STATE_FILE, Search
 from service.search.prune import Candidate, PruneResult, proxy_prediction

@@ -16,7 +16,7 @@ from service.train.proxy_scale import (
     proxy_plan_problem,
     proxy_workload,
 )
-from service.train.run import classify_failure, read_log
+from service.train.proxy_trial import classify_failure, read_log
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_proxies_are_timed_without_the_published_frameworks_overheads(tiny):
 def test_another_launcher_gets_every_worker_config_and_a_failure_is_classified(tiny, tmp_path):
     """`run_proxy(launch=...)` hands the launcher what each worker receives, how many there are and the
     restarts it may make, and classifies what it raises as it would Ray Train's error."""
-    from service.train.run import run_proxy
+    from service.train.proxy_trial import run_proxy
 
     plan = Plan(dp=2, zero_stage=1, micro_batch=2, grad_accum=2, precision="fp32")
     seen = []

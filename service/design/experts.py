@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from service.design.decide import Scored, score
 from service.plans.select import MEETS_BUDGET
 from service.report.decision_records import ExpertFamily, ExpertParallelism, ImbalanceCase
-from service.run.decide import Scored, score
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams
 from service.spec.production import GoodputSpec

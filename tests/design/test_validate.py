@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.run.decide import score
-from service.run.validate import FAMILIES, choose, cpu_proxy, design_proxy, families_of, proxy_plan_for
+from service.design.decide import score
+from service.design.validate import FAMILIES, choose, cpu_proxy, design_proxy, families_of, proxy_plan_for
 from service.spec import Plan, load_experiment
 from service.spec.params import ModelParams
 from service.train.proxy_scale import proxy_plan_problem
@@ -87,7 +87,7 @@ def test_choice_covers_the_families_with_distinct_runnable_proxies() -> None:
 
 
 def test_the_proxy_error_note_says_what_the_proxies_could_tell() -> None:
-    from service.run.calibration import validation_error
+    from service.design.calibration import validation_error
 
     gpu_run = validation_error([], {}, calibrated=True, time_fitted=True, on_cpu=False).note
     assert "time terms are fitted on them" in gpu_run and "device's" in gpu_run

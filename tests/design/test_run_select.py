@@ -10,9 +10,9 @@ import yaml
 
 from service.catalog import load_model
 from service.costmodel.goodput import wall_hours
-from service.run.decide import best_cluster, robust_choice, score
-from service.run.goodput import goodput_record
-from service.run.sensitivity import sensitivity
+from service.design.decide import best_cluster, robust_choice, score
+from service.design.goodput import goodput_record
+from service.design.sensitivity import sensitivity
 from service.spec import Budget, ClusterSpec, Workload, load_experiment
 from service.spec.params import ModelParams
 from service.spec.production import SMALL_CLUSTER_RATE_PER_GPU_HOUR, GoodputSpec, checkpoint_bytes
@@ -30,7 +30,7 @@ def _score(budget: Budget, cluster: ClusterSpec | None = None, model: str = "lla
 
 def _run_without_proxies(tmp_path: Path, **budget: float):
     """`run` on the seed experiment with the analytical prior and no proxies, tracked under tmp_path."""
-    from service.run.job import Run
+    from service.design.job import Run
 
     data = yaml.safe_load(EXPERIMENT.read_text())
     data["budget"].update(budget)
@@ -51,7 +51,7 @@ def test_budget_too_small_for_any_plan_says_what_binds(tmp_path: Path) -> None:
 
 
 def test_without_proxies_the_memory_interval_is_the_prior_error_not_widened(tmp_path: Path) -> None:
-    from service.run.calibration import NO_PROXY_RULE, PRIOR_ACTIVATION_ERROR
+    from service.design.calibration import NO_PROXY_RULE, PRIOR_ACTIVATION_ERROR
 
     result = _run_without_proxies(tmp_path)
     assert result.extrapolation is not None
@@ -157,8 +157,8 @@ def test_robust_choice_prefers_a_plan_that_stays_good() -> None:
 
 
 def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
+    from service.design.rows import memory_fallback, memory_spread_bytes
     from service.plans.select import MEETS_BUDGET, STATUSES
-    from service.run.rows import memory_fallback, memory_spread_bytes
 
     s = _score(Budget(objective="cost", max_dollars=1500, max_hours=24))
     chosen = int(s.selection.order[0])
@@ -184,7 +184,7 @@ def test_run_names_plan_b_when_the_memory_interval_passes_the_limit(tmp_path: Pa
     """Under the prior the cheapest plan is ZeRO-2 at 69.5 GiB of 71.6. The sensitivity's memory +15 %
     scenario would itself steer away from it, so the scenarios are switched off here to test plan B's
     wiring through `run`: the choice's memory interval passes the limit and plan B is named."""
-    import service.run.sensitivity as sensitivity_module
+    import service.design.sensitivity as sensitivity_module
     from service.cli.run import summary
     from service.plans.select import GIB
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.run.decide import score
-from service.run.sensitivity import memory_scaled_budget, sensitivity
+from service.design.decide import score
+from service.design.sensitivity import memory_scaled_budget, sensitivity
 from service.spec import Budget, load_experiment
 from service.spec.params import load_params
 

@@ -6,7 +6,7 @@ a typed `RunResult` out.
     >>> result.selected_label, result.predicted["hours"], result.memo_paths     # doctest: +SKIP
 
 Pipeline: 1 rank every plan with intervals (the published-set parameters); 2 choose what to validate
-(service/run/validate.py); 3 shape the proxies; 4 run them through the Ray Tune `Search` and calibrate
+(service/design/validate.py); 3 shape the proxies; 4 run them through the Ray Tune `Search` and calibrate
 the memory terms on them (time terms too when they ran on the production GPU type); 5 extrapolate
 with widening intervals; 6 select under the budget on the calibrated model with goodput included,
 across GPU types, and test the choice under ±20 %; 7 goodput; 8 write the DeepSpeed config, the launch
@@ -23,6 +23,15 @@ from typing import Any
 
 import numpy as np
 
+from service.design import calibration as cal
+from service.design.decide import Scored, best_cluster, score
+from service.design.evidence import evidence, tie_group
+from service.design.experts import expert_parallelism
+from service.design.goodput import goodput_record
+from service.design.proxies import run_proxies
+from service.design.rows import memo_rows
+from service.design.sensitivity import sensitivity
+from service.design.validate import choose, design_proxy
 from service.plans.select import MEETS_BUDGET
 from service.report.decision_records import Alternative
 from service.report.proxy_records import ProxyChoice, ProxyDesign
@@ -36,15 +45,6 @@ from service.report.result import (
     ProxyTrial,
     RunResult,
 )
-from service.run import calibration as cal
-from service.run.decide import Scored, best_cluster, score
-from service.run.evidence import evidence, tie_group
-from service.run.experts import expert_parallelism
-from service.run.goodput import goodput_record
-from service.run.proxies import run_proxies
-from service.run.rows import memo_rows
-from service.run.sensitivity import sensitivity
-from service.run.validate import choose, design_proxy
 from service.search.result import SearchResult
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
@@ -251,7 +251,7 @@ class Run:
             out_dir=str(self.out_dir),
             search_path=str(self.out_dir / "search" / search_name) if search_name else None,
         )
-        from service.run.finish import finish
+        from service.design.finish import finish
 
         return finish(result, spec, main, chosen, search_name, started, self.experiment_path)
 

@@ -123,7 +123,7 @@ def _kill_session(sid: int) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
-    from service.run.job import Run
+    from service.design.job import Run
 
     tmp = tmp_path_factory.mktemp("tiny-run")
     experiment = tiny_experiment(tmp)

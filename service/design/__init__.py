@@ -1,6 +1,6 @@
 """`Run`: the main job — plan, validate on proxies, calibrate, select, and write the memo.
 
-`Run(experiment, ...).fit() -> RunResult`; see service/run/job.py for its steps.
+`Run(experiment, ...).fit() -> RunResult`; see service/design/job.py for its steps.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from service.report.result import RunResult
 
 if TYPE_CHECKING:  # what mypy sees; at run time `Run` comes from __getattr__
-    from service.run.job import Run as Run
+    from service.design.job import Run as Run
 
 __all__ = ["Run", "RunResult"]
 
@@ -18,7 +18,7 @@ __all__ = ["Run", "RunResult"]
 def __getattr__(name: str) -> Any:
     # Ray and the search are imported only when a run is made.
     if name == "Run":
-        from service.run.job import Run
+        from service.design.job import Run
 
         return Run
-    raise AttributeError(f"module 'service.run' has no attribute {name!r}")
+    raise AttributeError(f"module 'service.design' has no attribute {name!r}")

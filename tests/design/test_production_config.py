@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.run.outputs import production_ds_config
+from service.design.outputs import production_ds_config
 from service.spec import load_experiment
 from service.spec.plan import Plan
 

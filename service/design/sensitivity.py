@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service.design.decide import ROBUST_TOLERANCE, Scored, regret, robust_choice, score
 from service.plans.select import MEETS_BUDGET
 from service.report.decision_records import Scenario, Sensitivity
-from service.run.decide import ROBUST_TOLERANCE, Scored, regret, robust_choice, score
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from service.design.decide import Scored
+from service.design.validate import FAMILIES, families_of
 from service.plans.select import GIB, MEETS_BUDGET, OVER_BUDGET, OVER_DEADLINE, OVER_MEMORY, STATUSES
 from service.report.result import CALIBRATED, MEMORY_FALLBACK, PRIOR, Interval, PlanRow
-from service.run.decide import Scored
-from service.run.validate import FAMILIES, families_of
 from service.spec.workload import Budget
 
 RUNNERS_UP = 5
@@ -18,7 +18,7 @@ STATE_TERMS = ("params", "grads", "optimizer")
 
 def memory_spread_bytes(s: Scored, memory_errors: tuple[float, float], widening: float) -> np.ndarray:
     """Half-width of every plan's memory interval: widening × (e_act · activations + e_state · model
-    state), the rule the memo states under Extrapolation distance (service/run/calibration.py)."""
+    state), the rule the memo states under Extrapolation distance (service/design/calibration.py)."""
     est = s.est
     e_act, e_state = memory_errors
     act = est.activations_bytes + est.logits_bytes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from service.run.finish import cluster_network
+from service.design.finish import cluster_network
 from service.spec import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from service.train.run import read_log
+from service.train.proxy_trial import read_log
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     assert r.calibration.calibrated and r.calibration.fitted[0] == "activation_memory_scale"
     assert "gemm_efficiency_scale" in r.calibration.fitted and r.calibration.source.startswith("proxies:")
     assert r.predicted is not None and r.predicted.tokens_per_s.tag == "calibrated on proxies"
-    from service.run.job import time_provenance
+    from service.design.job import time_provenance
     from service.spec.params import ModelParams, load_params
 
     assert time_provenance(False, load_params()) == "fit on published runs"  # the shipped set

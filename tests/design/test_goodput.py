@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from service.costmodel.goodput import wall_hours
+from service.design.goodput import goodput_record, interval_costs
 from service.report.decision_records import Goodput
 from service.report.memo_goodput import goodput_blocks
 from service.report.result import RunResult
-from service.run.goodput import goodput_record, interval_costs
 from service.spec import load_experiment
 from service.spec.production import GoodputSpec
 

@@ -8,11 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from service.cluster import storage
-from service.plans.select import GIB
-from service.report.proxy_records import Calibration
-from service.report.result import Assumption, RunResult
-from service.run.decide import LAUNCHED_ENGINES, Scored
-from service.run.outputs import (
+from service.design.decide import LAUNCHED_ENGINES, Scored
+from service.design.outputs import (
     dump_json,
     launch_command,
     log_outputs,
@@ -21,6 +18,9 @@ from service.run.outputs import (
     ray_job_command,
     write_launch_script,
 )
+from service.plans.select import GIB
+from service.report.proxy_records import Calibration
+from service.report.result import Assumption, RunResult
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec
 from service.spec.params import ParamsSummary

@@ -1,5 +1,5 @@
 """Scoring with goodput, selection across GPU types, and the min-max-regret choice the sensitivity
-scenarios (service/run/sensitivity.py) feed.
+scenarios (service/design/sensitivity.py) feed.
 
 `score` is the planner's one ranking (`planner.rank_plans`) with goodput: hours and dollars are the
 expected wall-clock of the run, interruptions, checkpoints and restarts included
