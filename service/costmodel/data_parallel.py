@@ -4,6 +4,8 @@ the tokens)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from service.costmodel import buckets as buckets_mod
@@ -76,18 +78,32 @@ def _regathered(model: ModelSpec, tp: Num, max_reuse_elements: int) -> tuple[np.
     return local, 2 * later >= max_reuse_elements
 
 
-def comm_offload_and_optimizer_s(
+@dataclass(frozen=True)
+class ZeroTraffic:
+    """One optimizer step's data-parallel collectives, per plan (seconds unless named otherwise)."""
+
+    psi: np.ndarray  # parameters per GPU of the busiest pipeline stage
+    fsdp: np.ndarray  # per-block gathers and reduces (FSDP, Megatron-FSDP)
+    all_reduce: Num  # the gradients' all-reduce (stage 0)
+    reduce: np.ndarray  # the gradients' reduction in stages 1-2: all-reduce or reduce-scatter (engine rule)
+    gather: Num  # the updated parameters' all-gather
+    per_micro_batch: np.ndarray  # ZeRO-3's gathers and reduces of one micro-batch, third gathers included
+    unhidden: np.ndarray  # the part of those that hides behind no compute
+    list_copies: np.ndarray  # the legacy per-rank list copies' launches, per micro-batch
+    per_step: np.ndarray  # ZeRO-3's once-per-step collectives
+    regather: np.ndarray  # share of the weights gathered a third time (full recompute)
+
+
+def zero_traffic(
     model: ModelSpec,
     cluster: ClusterSpec,
     p: PlanTable,
-    fwd: np.ndarray,
-    bwd: np.ndarray,
     gpu: GPUSpec,
     net: comm.Links,
-    contention: float = 0.0,
     per_tensor_lists: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exposed data-parallel communication, exposed offload time and the GPU optimizer step.
+) -> ZeroTraffic:
+    """What one optimizer step of the plan's data-parallel sharding moves and how (`ZeroTraffic`), which
+    `exposed_comm_s`, `exposed_offload_s` and `optimizer_step_s` price.
 
     ZeRO communication (Rajbhandari et al. 2020, §7): stage 0 all-reduces gradients once per step after
     backward (DeepSpeed's engine, not overlapped); stages 1-2 reduce-scatter gradients overlapped with
@@ -162,15 +178,26 @@ def comm_offload_and_optimizer_s(
     # each gradient reduce-scatter of a micro-batch, launched by the host (see the docstring).
     launches = np.where(legacy, (2 * gathers + regather_calls + reduces) * hz.shard_ranks(p), 0.0)
     list_copies = launches * gpu.kernel_overhead_us * 1e-6
+    # DeepSpeed's ZeRO 1-2 reduce each gradient bucket with an all-reduce and keep their partition of it
+    # (stage_1_and_2.py `average_tensor`: `use_multi_rank_bucket_allreduce`, on by default); FSDP and
+    # Megatron's distributed optimizer reduce-scatter.
+    reduce = np.where(p.engine_is("gradient_reduce", "all_reduce"), ar, rs)
+    return ZeroTraffic(
+        psi, fsdp, ar, reduce, ag, per_micro_batch, unhidden, list_copies, z3.per_step, regather
+    )
+
+
+def exposed_comm_s(
+    t: ZeroTraffic, p: PlanTable, fwd: np.ndarray, bwd: np.ndarray, contention: float = 0.0
+) -> np.ndarray:
+    """Data-parallel communication the step waits for, after overlap with the forward (`fwd`) and
+    backward (`bwd`) of one micro-batch (see `zero_traffic` for what each stage moves)."""
+    ar, reduce, ag, fsdp = t.all_reduce, t.reduce, t.gather, t.fsdp
     ga = p.grad_accum
 
     def behind(collective: Num, compute_s: Num) -> np.ndarray:
         return np.asarray(comm.overlapped_exposed_s(collective, compute_s, contention), dtype=float)
 
-    # DeepSpeed's ZeRO 1-2 reduce each gradient bucket with an all-reduce and keep their partition of it
-    # (stage_1_and_2.py `average_tensor`: `use_multi_rank_bucket_allreduce`, on by default); FSDP and
-    # Megatron's distributed optimizer reduce-scatter.
-    reduce = np.where(p.engine_is("gradient_reduce", "all_reduce"), ar, rs)
     # Megatron-Core's --overlap-grad-reduce starts each gradient bucket's reduction as backward finishes
     # it (DDP's all-reduce, or the distributed optimizer's reduce-scatter), and --overlap-param-gather
     # gathers the updated parameters bucket by bucket ahead of the next step's forward
@@ -196,13 +223,29 @@ def comm_offload_and_optimizer_s(
             np.where(overlap, behind_chunks(reduce, bwd) + behind_chunks(ag, fwd), behind(reduce, bwd) + ag),
             ga * behind(reduce, bwd) + np.where(fsdp, behind(ag, fwd), ag),
         ],
-        ga * (behind(per_micro_batch - unhidden, fwd + bwd) + unhidden + list_copies) + z3.per_step,
+        ga * (behind(t.per_micro_batch - t.unhidden, fwd + bwd) + t.unhidden + t.list_copies) + t.per_step,
     )
-    # Host offload (offload.py): copies hide in series with the collectives of their window, a micro-batch
-    # (stages 2-3) or the reducing backward (stage 1); no window without overlap (contention 1).
-    hideable = np.where(p.zero_stage == 3, per_micro_batch - unhidden, reduce)
+    return np.asarray(dp_comm, dtype=float)
+
+
+def exposed_offload_s(
+    t: ZeroTraffic,
+    model: ModelSpec,
+    p: PlanTable,
+    fwd: np.ndarray,
+    bwd: np.ndarray,
+    gpu: GPUSpec,
+    contention: float = 0.0,
+) -> np.ndarray:
+    """Host offload's exposed time (offload.py): its copies hide in series with the collectives of their
+    window, a micro-batch (stages 2-3) or the reducing backward (stage 1); no window without overlap
+    (contention 1)."""
+    hideable = np.where(p.zero_stage == 3, t.per_micro_batch - t.unhidden, t.reduce)
     window = np.where(contention < 1.0, np.where(p.zero_stage == 3, fwd + bwd, bwd), 0.0)
-    offload = offload_mod.offload_time_s(model, p, psi, 2.0 + regather, hideable, window, gpu)
-    shard = psi / np.where(p.zero_stage >= 1, hz.shard_ranks(p), 1)
-    optimizer_step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
-    return dp_comm, offload, optimizer_step
+    return np.asarray(offload_mod.offload_time_s(model, p, t.psi, 2.0 + t.regather, hideable, window, gpu))
+
+
+def optimizer_step_s(t: ZeroTraffic, p: PlanTable, gpu: GPUSpec) -> np.ndarray:
+    """The GPU optimizer step over this rank's shard of the stage's parameters (none when offloaded)."""
+    shard = t.psi / np.where(p.zero_stage >= 1, hz.shard_ranks(p), 1)
+    return np.asarray(np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu)))

@@ -160,9 +160,11 @@ def step_time_terms(
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     bubble = (p.pp - 1) / v * slot
 
-    dp_comm, offload, optimizer_step = data_parallel.comm_offload_and_optimizer_s(
-        model, cluster, p, fwd, bwd, gpu, net, contention, workload.zero3_collectives == "per_tensor_lists"
-    )
+    legacy_lists = workload.zero3_collectives == "per_tensor_lists"
+    zero = data_parallel.zero_traffic(model, cluster, p, gpu, net, legacy_lists)
+    dp_comm = data_parallel.exposed_comm_s(zero, p, fwd, bwd, contention)
+    offload = data_parallel.exposed_offload_s(zero, model, p, fwd, bwd, gpu, contention)
+    optimizer_step = data_parallel.optimizer_step_s(zero, p, gpu)
     ga = p.grad_accum
     overlapped = workload.overlap_comm | p.comm_overlap
     expert_dp, expert_step = moe.data_parallel_s(
