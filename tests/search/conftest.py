@@ -12,7 +12,9 @@ It runs as a library call in its own process, nobody giving it a folder (`SEARCH
 must stay empty, its folder is where the cluster's storage is, and that storage is a URI, so the
 finished folder is copied there (a file:// URI stands in for the bucket, set in the search's process by
 patching `storage.remote_root`: a real file:// value is written in place, not copied). While it runs,
-this process tries a second driver on the same folder, which must be refused.
+this process tries a second driver on the same folder, which must be refused. Its local Ray offers
+two trials' worth of logical CPUs, so the unschedulable trial waits out its pending timeout beside the
+others (it holds no CPU while it waits) instead of after them.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from service.search import RunConfig, Search, SearchConfig, driver
 experiment, space, staging, bucket, out, pending_s = sys.argv[1:]
 driver.results_root = lambda repo_results: pathlib.Path(staging)
 storage.remote_root = lambda: bucket
+driver.driver_cpus = lambda world_size: 2 * world_size + 1  # two trials side by side
 config = SearchConfig(pending_timeout_s=float(pending_s), trial_timeout_s=300)
 result = Search(experiment, space, config=config, run_config=RunConfig(name="tiny-search")).fit()
 pathlib.Path(out).write_bytes(pickle.dumps(result))
