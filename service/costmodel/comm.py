@@ -17,11 +17,12 @@ the node, and each pipeline hop crosses nodes once tp·dp fills a node.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel.types import Num
+from service.costmodel.types import Num, on_distinct
 from service.spec.hardware import GPUSpec
 
 # Fraction of link bandwidth NCCL collectives sustain on large messages (nccl-tests bus bandwidth vs
@@ -93,6 +94,15 @@ def tree_latency_s(
     return links.latency_scale * (NCCL_BASE_LATENCY_US + 2 * hops_us) * 1e-6
 
 
+def _per_group(link: Callable[[Num, Num], tuple[Num, Num]], group_size: Num, stride: Num) -> tuple[Num, Num]:
+    """`link(group_size, stride)` (a bandwidth and a latency), computed once per distinct (group size,
+    stride) pair when both are integer columns: a plan table holds millions of plans but a few dozen
+    group shapes. Other inputs (fractional group sizes) go through as they are."""
+    if all(np.asarray(c).dtype.kind in "iub" for c in (group_size, stride)) and np.size(group_size) > 1:
+        return on_distinct(link, group_size, stride)  # type: ignore[no-any-return]
+    return link(group_size, stride)
+
+
 def all_reduce_time_s(
     message_bytes: Num,
     group_size: Num,
@@ -105,11 +115,15 @@ def all_reduce_time_s(
     """`collectives` all-reduces moving `message_bytes` in all: bandwidth term 2(n−1)/n·bytes/busbw, plus
     the lower of NCCL's ring and tree latencies each (NCCL picks the faster algorithm per call)."""
     n = np.asarray(group_size, dtype=float)
-    bw = group_bus_bandwidth_bytes_per_s(group_size, stride, gpus_per_node, gpu, links)
-    latency = np.minimum(
-        ring_latency_s(n, stride, gpus_per_node, gpu, 2, links),
-        tree_latency_s(n, stride, gpus_per_node, gpu, links),
-    )
+
+    def link(size: Num, spacing: Num) -> tuple[Num, Num]:
+        latency = np.minimum(
+            ring_latency_s(np.asarray(size, dtype=float), spacing, gpus_per_node, gpu, 2, links),
+            tree_latency_s(np.asarray(size, dtype=float), spacing, gpus_per_node, gpu, links),
+        )
+        return group_bus_bandwidth_bytes_per_s(size, spacing, gpus_per_node, gpu, links), latency
+
+    bw, latency = _per_group(link, group_size, stride)
     return np.where(n > 1, 2 * (n - 1) / n * message_bytes / bw + collectives * latency, 0.0)
 
 
@@ -126,8 +140,13 @@ def reduce_scatter_time_s(
     all: (n−1)/n·bytes/busbw, plus NCCL's ring latency each (these run only as rings): ZeRO-3's
     per-module gathers pay it hundreds of times per step."""
     n = np.asarray(group_size, dtype=float)
-    bw = group_bus_bandwidth_bytes_per_s(group_size, stride, gpus_per_node, gpu, links)
-    latency = collectives * ring_latency_s(n, stride, gpus_per_node, gpu, 1, links)
+
+    def link(size: Num, spacing: Num) -> tuple[Num, Num]:
+        ring = ring_latency_s(np.asarray(size, dtype=float), spacing, gpus_per_node, gpu, 1, links)
+        return group_bus_bandwidth_bytes_per_s(size, spacing, gpus_per_node, gpu, links), ring
+
+    bw, ring = _per_group(link, group_size, stride)
+    latency = collectives * ring
     return np.where(n > 1, (n - 1) / n * message_bytes / bw + latency, 0.0)
 
 

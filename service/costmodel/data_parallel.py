@@ -4,6 +4,7 @@ the tokens)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,7 @@ from service.costmodel import comm, compute
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel import offload as offload_mod
-from service.costmodel.types import Num
+from service.costmodel.types import Num, on_distinct
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.plan_table import PlanTable, engine_table
@@ -39,6 +40,18 @@ def held_back_gather_fraction(model: ModelSpec, tp: Num, max_live_elements: int)
     of the module after it, which then waits whole: in forward the next module, in backward the one
     before (the mean of the two passes, which gather the same bytes). It takes matrices of ≥ 1e9
     elements (the default): a 530B GPT's QKV and MLP, not a 70B Llama's."""
+    return _per_tp(lambda t: _held_back(model, t, max_live_elements), tp)
+
+
+def _per_tp(fn: Callable[[np.ndarray], np.ndarray], tp: Num) -> np.ndarray:
+    """`fn(tp)`, a per-module matrix reduced to one number per plan, computed once per distinct TP size
+    when `tp` is an integer column (a plan table holds a handful of TP sizes among millions of plans)."""
+    if np.asarray(tp).dtype.kind in "iu" and np.size(tp) > 1:
+        return np.asarray(on_distinct(fn, tp), dtype=float)
+    return fn(np.atleast_1d(np.asarray(tp)))
+
+
+def _held_back(model: ModelSpec, tp: np.ndarray, max_live_elements: int) -> np.ndarray:
     sizes = np.array(module_elements_per_block(model), dtype=float)
     tp = np.atleast_1d(np.asarray(tp, dtype=float))
     local = sizes[None, :] / tp[:, None]
@@ -60,13 +73,19 @@ def regathered_fraction(model: ModelSpec, tp: Num, max_reuse_elements: int) -> n
     (forward and backward): kept when 2·Σ(later modules) < the limit, gathered again otherwise. In a
     175B or 530B GPT block all but the MLP-out are gathered again (two thirds of the weights); in a
     Llama-2-70B block the attention projections (18 %); in a 13B block none."""
-    local, again = _regathered(model, tp, max_reuse_elements)
-    return np.asarray((local * again).sum(axis=1) / local.sum(axis=1), dtype=float)
+
+    def fraction(t: np.ndarray) -> np.ndarray:
+        local, again = _regathered(model, t, max_reuse_elements)
+        return np.asarray((local * again).sum(axis=1) / local.sum(axis=1), dtype=float)
+
+    return _per_tp(fraction, tp)
 
 
 def regathered_modules(model: ModelSpec, tp: Num, max_reuse_elements: int) -> np.ndarray:
     """How many of a block's modules `regathered_fraction` gathers a third time (one call each)."""
-    return np.asarray(_regathered(model, tp, max_reuse_elements)[1].sum(axis=1), dtype=float)
+    return _per_tp(
+        lambda t: np.asarray(_regathered(model, t, max_reuse_elements)[1].sum(axis=1), dtype=float), tp
+    )
 
 
 def _regathered(model: ModelSpec, tp: Num, max_reuse_elements: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ from service.costmodel import (
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel import recompute as checkpointing
+from service.costmodel.types import Num, on_distinct
 from service.spec.model import ModelSpec
 from service.spec.plan_table import PlanTable
 from service.spec.workload import Workload
@@ -80,12 +81,27 @@ def stage_memory_terms(
     s = workload.seq_len
     flash = workload.flash_attention
     te = p.engine_column("transformer_engine")  # Megatron-Core builds its blocks from TE modules
-    per_layer = mem.activation_bytes_per_token_per_layer(
-        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
+
+    def per_token(tp: Num, sp: Num, recompute: Num, precision: Num, te_: Num) -> tuple[Num, Num]:
+        # Functions of these five columns alone: a few dozen combinations among millions of plans.
+        sp, te_ = np.asarray(sp, dtype=bool), np.asarray(te_, dtype=bool)
+        args = (
+            model,
+            tp,
+            sp,
+            recompute,
+            mem.activation_bytes_per_element(precision),
+            s,
+            flash,
+            precision,
+            te_,
+        )
+        return mem.activation_bytes_per_token_per_layer(*args), mem.recompute_peak_bytes_per_token(*args)
+
+    per_layer, peak_per_token = on_distinct(
+        per_token, p.tp, p.sequence_parallel, p.recompute, p.precision, te
     )
-    recompute_peak = tokens * mem.recompute_peak_bytes_per_token(
-        model, p.tp, p.sequence_parallel, p.recompute, d, s, flash, p.precision, te
-    )
+    recompute_peak = tokens * peak_per_token
     if workload.selective_recompute != "attention_block":
         # Other frameworks' selective policies (Workload.selective_recompute) keep other tensors, and make a
         # whole block's again in backward, as full recompute does.
