@@ -10,8 +10,8 @@ Each test goes to one of two fixed groups (xdist's `xdist_group` marker), so the
 every run and each stream runs its tests in file order:
 - "trials": tests/train (the proxy trials, and the session fixture two of its modules share), the
   killed-driver and hung-trial search tests, preflight, `proxy-run`'s CLI tests, the search CLI's
-  one-line errors and plan enumeration: about half the suite's test time, measured with
-  `--durations=0` on a fresh clone;
+  one-line errors and the heaviest pure-computation modules (the cross-validation, plan enumeration and
+  its benchmark): about half the suite's test time, measured with `--durations=0` on a fresh clone;
 - "rest": everything else. The cluster tests that start `ray start` heads stay in one stream.
 
 Without `-n` (a plain `python -m pytest ...`) the markers do nothing and the tests run serially.
@@ -32,7 +32,9 @@ TRIALS = (
     "preflight/",
     "cli/test_proxy_run.py",
     "cli/test_search.py",
+    "calibrate/test_crossval.py",
     "plans/test_enumerate.py",
+    "plans/test_enumeration_benchmark.py",
 )
 
 

@@ -25,7 +25,9 @@ def test_every_test_file_is_in_one_of_two_streams() -> None:
         "preflight/test_verdict.py",
         "cli/test_proxy_run.py",
         "cli/test_search.py",
+        "calibrate/test_crossval.py",
         "plans/test_enumerate.py",
+        "plans/test_enumeration_benchmark.py",
     }
     # Both modules that share the session's tp2 trial (tests/train/conftest.py) run in one process.
     assert stream_of(TESTS / "train/test_proxy_3d.py") == stream_of(TESTS / "train/test_proxy_ray.py")
