@@ -17,12 +17,11 @@ the node, and each pipeline hop crosses nodes once tp·dp fills a node.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel.types import Num, on_distinct
+from service.costmodel.types import Num, on_distinct_ints
 from service.spec.hardware import GPUSpec
 
 # Fraction of link bandwidth NCCL collectives sustain on large messages (nccl-tests bus bandwidth vs
@@ -94,15 +93,6 @@ def tree_latency_s(
     return links.latency_scale * (NCCL_BASE_LATENCY_US + 2 * hops_us) * 1e-6
 
 
-def _per_group(link: Callable[[Num, Num], tuple[Num, Num]], group_size: Num, stride: Num) -> tuple[Num, Num]:
-    """`link(group_size, stride)` (a bandwidth and a latency), computed once per distinct (group size,
-    stride) pair when both are integer columns: a plan table holds millions of plans but a few dozen
-    group shapes. Other inputs (fractional group sizes) go through as they are."""
-    if all(np.asarray(c).dtype.kind in "iub" for c in (group_size, stride)) and np.size(group_size) > 1:
-        return on_distinct(link, group_size, stride)  # type: ignore[no-any-return]
-    return link(group_size, stride)
-
-
 def all_reduce_time_s(
     message_bytes: Num,
     group_size: Num,
@@ -123,7 +113,7 @@ def all_reduce_time_s(
         )
         return group_bus_bandwidth_bytes_per_s(size, spacing, gpus_per_node, gpu, links), latency
 
-    bw, latency = _per_group(link, group_size, stride)
+    bw, latency = on_distinct_ints(link, group_size, stride)  # a few dozen group shapes
     return np.where(n > 1, 2 * (n - 1) / n * message_bytes / bw + collectives * latency, 0.0)
 
 
@@ -145,7 +135,7 @@ def reduce_scatter_time_s(
         ring = ring_latency_s(np.asarray(size, dtype=float), spacing, gpus_per_node, gpu, 1, links)
         return group_bus_bandwidth_bytes_per_s(size, spacing, gpus_per_node, gpu, links), ring
 
-    bw, ring = _per_group(link, group_size, stride)
+    bw, ring = on_distinct_ints(link, group_size, stride)
     latency = collectives * ring
     return np.where(n > 1, (n - 1) / n * message_bytes / bw + latency, 0.0)
 

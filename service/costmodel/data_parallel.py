@@ -14,7 +14,7 @@ from service.costmodel import comm, compute
 from service.costmodel import hierarchical_zero as hz
 from service.costmodel import memory as mem
 from service.costmodel import offload as offload_mod
-from service.costmodel.types import Num, on_distinct
+from service.costmodel.types import Num, on_distinct_ints
 from service.spec.hardware import ClusterSpec, GPUSpec
 from service.spec.model import ModelSpec
 from service.spec.plan_table import PlanTable, engine_table
@@ -45,10 +45,8 @@ def held_back_gather_fraction(model: ModelSpec, tp: Num, max_live_elements: int)
 
 def _per_tp(fn: Callable[[np.ndarray], np.ndarray], tp: Num) -> np.ndarray:
     """`fn(tp)`, a per-module matrix reduced to one number per plan, computed once per distinct TP size
-    when `tp` is an integer column (a plan table holds a handful of TP sizes among millions of plans)."""
-    if np.asarray(tp).dtype.kind in "iu" and np.size(tp) > 1:
-        return np.asarray(on_distinct(fn, tp), dtype=float)
-    return fn(np.atleast_1d(np.asarray(tp)))
+    (a plan table holds a handful of TP sizes among millions of plans)."""
+    return np.asarray(on_distinct_ints(fn, np.atleast_1d(np.asarray(tp))), dtype=float)
 
 
 def _held_back(model: ModelSpec, tp: np.ndarray, max_live_elements: int) -> np.ndarray:

@@ -40,3 +40,12 @@ def on_distinct(fn: Callable[..., Any], *columns: Num) -> Any:
     if isinstance(out, tuple):
         return tuple(np.asarray(o)[at] for o in out)
     return np.asarray(out)[at]
+
+
+def on_distinct_ints(fn: Callable[..., Any], *columns: Num) -> Any:
+    """`on_distinct` where every column is an integer (or bool) array of more than one element, a plan
+    table's; `fn(*columns)` as it is otherwise (a single plan, fractional values)."""
+    arrays = [np.asarray(c) for c in columns]
+    if all(a.dtype.kind in "iub" for a in arrays) and max(a.size for a in arrays) > 1:
+        return on_distinct(fn, *columns)
+    return fn(*columns)
