@@ -1,17 +1,19 @@
-"""Recent published DeepSpeed ZeRO runs (issue #32): how far the shipped cost model lands from them.
+"""Recent published runs on stacks the fit has not seen (issue #32): how far the shipped cost model lands.
 
-Each row of benchmarks/published/deepspeed_recent.yaml is a 2023-2026 measured training run of DeepSpeed
-ZeRO (stages 1-3, with CPU optimizer offload where the source ran it) on a dense decoder LLM, read as a
-runs file (service/calibrate/runs.py) and priced with the shipped parameter set. Nothing was fitted to
-these rows: every one is out of sample. A row the model cannot price (its plan or specs are refused) is
-listed as unpriced with the reason; the published sources that were checked and left out are in the
-comment block at the end of the data file.
+Two runs files, none of their rows in the fit (every one is out of sample), each read as a runs file
+(service/calibrate/runs.py) and priced with the shipped parameter set:
+- benchmarks/published/deepspeed_recent.yaml: 2023-2026 runs of DeepSpeed ZeRO (stages 1-3, with CPU
+  optimizer offload where the source ran it) on dense decoder LLMs, the seed's own stack;
+- benchmarks/published/hopper_recent.yaml: 2024-2025 FSDP2 runs with torch.compile (and Float8) on H100
+  and H200 from torchtitan's benchmarks folder.
+A row the model cannot price (its plan or specs are refused) is listed as unpriced with the reason; the
+published sources that were checked and left out are in the comment block at the end of each data file.
 
-    python benchmarks/deepspeed_recent_check.py  # [--params P] [--out FILE.json]
+    python benchmarks/recent_runs_check.py  # [--params P] [--out FILE.json]
 
 Prints per row predicted vs measured tokens/s per GPU, the predicted memory against what the source
-measured (where it did), and per source and overall the mean log bias (mean ln(pred/measured)) and the
-MAPE. Informational: no goal, exit 0.
+measured (where it did), and per source, per GPU type and overall the mean log bias (mean
+ln(pred/measured)) and the MAPE. Informational: no goal, exit 0.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from service.costmodel import estimate
 from service.spec.params import load_params
 
 HERE = Path(__file__).resolve().parent
-DATA_PATH = HERE / "published" / "deepspeed_recent.yaml"
-RESULTS_PATH = HERE / "results" / "deepspeed_recent_check.json"
+DATA_PATHS = (HERE / "published" / "deepspeed_recent.yaml", HERE / "published" / "hopper_recent.yaml")
+RESULTS_PATH = HERE / "results" / "recent_runs_check.json"
 GIB = 2**30
 
 
@@ -42,13 +44,14 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_log_bias": round(float(np.mean(logs)), 4),
         "mape": round(float(np.mean([abs(r["error"]) for r in rows])), 4),
         "median_error": round(float(np.median([r["error"] for r in rows])), 4),
+        "interval_coverage": round(float(np.mean([r["covered"] for r in rows])), 4),
     }
 
 
-def score(params_path: str | None = None) -> dict[str, Any]:
-    params = load_params(params_path)
-    ds = load_dataset(DATA_PATH)
-    raw = {m["id"]: m for m in yaml.safe_load(DATA_PATH.read_text())["measurements"]}
+def _rows(path: Path, params: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The priced rows of one runs file, and the ones the model refuses (id: why)."""
+    ds = load_dataset(path)
+    raw = {m["id"]: m for m in yaml.safe_load(path.read_text())["measurements"]}
     rows, unpriced = [], {}
     for row in ds.measurements:
         try:
@@ -59,18 +62,24 @@ def score(params_path: str | None = None) -> dict[str, Any]:
             unpriced[row.id] = f"{type(err).__name__}: {err}"
             continue
         measured = float(run.tokens_per_s_per_gpu or 0.0)
-        peak = raw[row.id].get("details", {}).get("source_peak_reserved_gib")
+        details = raw[row.id].get("details", {})
+        low, high = (v / run.cluster.num_gpus for v in est.tokens_per_s_interval)
+        peak = details.get("source_peak_reserved_gib", details.get("source_memory_gib"))
         rows.append(
             {
                 "id": run.id,
+                "data": path.name,
                 "source": run.source,
                 "model": row.model,
                 "gpu": row.gpu,
+                "seq_len": row.seq_len,
                 "label": est.plan.short(),
                 "approximate": row.approximate,
                 "measured_tokens_per_s_per_gpu": round(measured, 1),
                 "predicted_tokens_per_s_per_gpu": round(est.tokens_per_s_per_gpu, 1),
                 "error": round(est.tokens_per_s_per_gpu / measured - 1, 4),
+                "interval_80": [round(low, 1), round(high, 1)],
+                "covered": bool(low <= measured <= high),
                 "predicted_step_time_s": round(est.step_time_s, 4),
                 "time_breakdown_s": {
                     k: round(v, 4)
@@ -82,17 +91,39 @@ def score(params_path: str | None = None) -> dict[str, Any]:
                 "fits": est.fits,
             }
         )
-    by_source: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    return rows, unpriced
+
+
+def _kernel_bound(row: dict[str, Any]) -> bool:
+    return row["seq_len"] <= 8192 and "-offopt" not in row["label"] and "-offpar" not in row["label"]
+
+
+def _grouped(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        by_source[r["source"]].append(r)
+        groups[r[key]].append(r)
+    return {name: _summary(rs) for name, rs in groups.items()}
+
+
+def score(params_path: str | None = None) -> dict[str, Any]:
+    params = load_params(params_path)
+    rows: list[dict[str, Any]] = []
+    unpriced: dict[str, str] = {}
+    for path in DATA_PATHS:
+        priced, refused = _rows(path, params)
+        rows += priced
+        unpriced |= refused
+    exact = [r for r in rows if not r["approximate"]]
     return {
         "params": params.name,
-        "data": str(DATA_PATH.relative_to(HERE.parent)),
+        "data": [str(path.relative_to(HERE.parent)) for path in DATA_PATHS],
         "overall": _summary(rows) if rows else {},
-        "overall_not_approximate": _summary([r for r in rows if not r["approximate"]])
-        if any(not r["approximate"] for r in rows)
-        else {},
-        "sources": {name: _summary(rs) for name, rs in by_source.items()},
+        "overall_not_approximate": _summary(exact) if exact else {},
+        "sources": _grouped(rows, "source"),
+        "gpus": _grouped(rows, "gpu"),
+        # The kernel rates alone: no CPU offload, sequences of at most 8K tokens (where attention is a small
+        # share of the FLOPs and the long-sequence attention kernels of the other rows do not weigh).
+        "gpus_short_no_offload": _grouped([r for r in rows if _kernel_bound(r)], "gpu"),
         "rows": rows,
         "unpriced": unpriced,
     }
@@ -106,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     result = score(args.params)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"parameter set {result['params']}, {result['data']}")
+    print(f"parameter set {result['params']}, {', '.join(result['data'])}")
     for r in result["rows"]:
         mem = f"mem {r['predicted_memory_gib']:.1f} GiB" + ("" if r["fits"] else " (predicted not to fit)")
         if r["source_peak_reserved_gib"] is not None:
@@ -116,10 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['predicted_tokens_per_s_per_gpu']:,.0f} ({r['error']:+.1%})"
             f"{' ~' if r['approximate'] else ''}; {mem}"
         )
-    for name, s in result["sources"].items():
+    short = {f"{gpu} (<= 8K, no offload)": v for gpu, v in result["gpus_short_no_offload"].items()}
+    for name, s in [*result["sources"].items(), *result["gpus"].items(), *short.items()]:
         print(
             f"{name}: {s['runs']} runs, mean log bias {s['mean_log_bias']:+.3f}, MAPE {s['mape']:.1%}, "
-            f"median error {s['median_error']:+.1%}"
+            f"median error {s['median_error']:+.1%}, 80 % interval covers {s['interval_coverage']:.0%}"
         )
     for key in ("overall", "overall_not_approximate"):
         s = result[key]
