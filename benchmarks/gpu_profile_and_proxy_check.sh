@@ -10,6 +10,9 @@
 #   <catalog-gpu>-profiled.yaml a catalog entry: the detected GPU's entry with the measured fields
 #   gpu_proxy_check.json        the proxy check's results (or gpu_proxy_check.skipped: why not)
 #   gpu_proxy_depth.json        the same loop over 1-8 layers (`--set depth`)
+#   gpu_clocks.csv              SM clock, power and temperature once a second while the profile runs
+#                               (nvidia-smi): whether this part holds its clock under GEMM load at its
+#                               power limit, which the H100 / H200 question in benchmarks/README.md needs
 #   gpu_profile_and_proxy_check.log
 #
 # On the device machine, from the repository root:
@@ -48,9 +51,16 @@ base=$($PY -c "from service.profile.profiler import catalog_gpu_for_device as c;
 entry="${base}-profiled"
 
 echo "== profile: $device, ${shapes[*]}, budget ${budget}s, catalog entry $entry" | tee -a "$LOG"
+clocks_pid=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=timestamp,name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
+    --format=csv -l 1 >"$OUT/gpu_clocks.csv" 2>>"$LOG" &
+  clocks_pid=$!
+fi
 timeout $((budget + 90)) $PY -m service profile --device "$device" "${shapes[@]}" --budget-s "$budget" \
   --json --out "$OUT/gpu_profile.yaml" --write-catalog "$entry" >"$OUT/gpu_profile.json" 2>>"$LOG"
 profile_rc=$?
+[ -n "$clocks_pid" ] && kill "$clocks_pid" 2>/dev/null
 if [ "$profile_rc" -eq 0 ]; then
   mv "service/catalog/gpus/$entry.yaml" "$OUT/$entry.yaml"  # the device copy of the repo is thrown away
   $PY - "$OUT/gpu_profile.yaml" <<'PY' 2>&1 | tee -a "$LOG"
