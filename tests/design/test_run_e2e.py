@@ -31,7 +31,7 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     assert r.calibration.calibrated and r.calibration.fitted[0] == "activation_memory_scale"
     assert "gemm_efficiency_scale" in r.calibration.fitted and r.calibration.source.startswith("proxies:")
     assert r.predicted is not None and r.predicted.tokens_per_s.tag == "calibrated on proxies"
-    from service.design.job import time_provenance
+    from service.design.steps import time_provenance
     from service.spec.params import ModelParams, load_params
 
     assert time_provenance(False, load_params()) == "fit on published runs"  # the shipped set
