@@ -217,9 +217,9 @@ def _robust_note(labels: PlanTable, nominal_row: int, chosen: int, worst: np.nda
             f"(tolerance {ROBUST_TOLERANCE:.0%}): kept"
         )
     return (
-        f"the choice is up to {_pct(worst[nominal_row])} behind a scenario's best plan, but no plan as safe "
-        f"(no more offload, open defects or memory risk) and within {ROBUST_TOLERANCE:.0%} of it nominally "
-        "stays closer in every scenario: kept"
+        f"the choice is up to {_pct(worst[nominal_row])} behind a scenario's best plan; kept, because no "
+        f"other plan that is as safe (no more offload, open defects or memory risk) and within "
+        f"{ROBUST_TOLERANCE:.0%} of it nominally has a smaller worst case over the scenarios"
     )
 
 
