@@ -27,12 +27,20 @@ from typing import Any
 import numpy as np
 import yaml
 
+from service.calibrate.crossval import run_stack
+from service.calibrate.nearest import CHECKS_DIR, check_run, write_checks
 from service.calibrate.runs import load_dataset, measured_run
 from service.costmodel import estimate
 from service.spec.params import load_params
 
 HERE = Path(__file__).resolve().parent
 DATA_PATHS = (HERE / "published" / "deepspeed_recent.yaml", HERE / "published" / "hopper_recent.yaml")
+CHECKS_NOTE = (
+    "Published runs on stacks the fit has not seen (benchmarks/published/deepspeed_recent.yaml, "
+    "hopper_recent.yaml), none of them fit on, each with the shipped parameter set's predicted / "
+    "measured - 1. Written by benchmarks/recent_runs_check.py; the memo prints the nearest ones "
+    "beside its number."
+)
 RESULTS_PATH = HERE / "results" / "recent_runs_check.json"
 GIB = 2**30
 
@@ -72,6 +80,9 @@ def _rows(path: Path, params: Any) -> tuple[list[dict[str, Any]], dict[str, str]
                 "source": run.source,
                 "model": row.model,
                 "gpu": row.gpu,
+                "num_gpus": run.cluster.num_gpus,
+                "params_b": run.model.num_params / 1e9,
+                "stack": run_stack(run),
                 "seq_len": row.seq_len,
                 "label": est.plan.short(),
                 "approximate": row.approximate,
@@ -133,10 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=None, help="parameter set (default: the shipped one)")
     parser.add_argument("--out", default=str(RESULTS_PATH))
+    parser.add_argument(
+        "--checks",
+        default=str(CHECKS_DIR / "recent_runs.yaml"),
+        help="where the scored rows go for the memo's evidence (written only with the shipped parameters)",
+    )
     args = parser.parse_args(argv)
     result = score(args.params)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.params is None:
+        write_checks(Path(args.checks), result["params"], CHECKS_NOTE, [check_run(r) for r in result["rows"]])
     print(f"parameter set {result['params']}, {', '.join(result['data'])}")
     for r in result["rows"]:
         mem = f"mem {r['predicted_memory_gib']:.1f} GiB" + ("" if r["fits"] else " (predicted not to fit)")

@@ -1,11 +1,12 @@
 """What the memo prints beside the decision: the tie group the choice won, and the evidence behind
-its number (the software stack, whether the fit saw it on this GPU, the nearest fitted runs)."""
+its number (the software stack, whether the fit saw it on this GPU, the nearest fitted runs and the
+nearest published runs kept outside the fit)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from service.calibrate.nearest import describe, nearest_runs
+from service.calibrate.nearest import describe, describe_checks, nearest_checks, nearest_runs
 from service.design.decide import Scored
 from service.report.decision_records import Evidence, TieGroup
 from service.spec.model import ModelSpec
@@ -29,7 +30,8 @@ def tie_group(s: Scored) -> TieGroup | None:
 def evidence(
     s: Scored, row: int | None, params: ModelParams, model: ModelSpec, workload: Workload
 ) -> Evidence | None:
-    """The chosen row's stack and the fitted runs nearest it."""
+    """The chosen row's stack, the fitted runs nearest it, and the nearest published runs kept outside
+    the fit (recent stacks, mixture-of-experts runs)."""
     if row is None or not params.runs:
         return None
     legacy = workload.zero3_collectives == "per_tensor_lists"
@@ -43,11 +45,13 @@ def evidence(
         if widened
         else f"the fit saw {stack} on {gpu}"
     )
-    near = nearest_runs(params, stack, gpu, model.num_params / 1e9, s.cluster.num_gpus)
+    size_b, gpus = model.num_params / 1e9, s.cluster.num_gpus
+    near = nearest_runs(params, stack, gpu, size_b, gpus)
     return Evidence(
         stack=stack,
         gpu=gpu,
         stack_fitted=not widened,
         interval_note=note,
         nearest=[describe(r) for r in near],
+        outside_fit=[describe_checks(g) for g in nearest_checks(stack, gpu, size_b, gpus)],
     )

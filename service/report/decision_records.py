@@ -87,6 +87,10 @@ class Evidence(BaseModel):
     stack_fitted: bool
     interval_note: str
     nearest: list[str]
+    outside_fit: list[str] = Field(
+        default_factory=list,
+        description="The nearest published runs no parameter was fit on, with the shipped set's error.",
+    )
 
 
 class ExpertFamily(BaseModel):

@@ -41,6 +41,19 @@ def evidence(r: RunResult) -> list[Block]:
             "parameters were fit on, with the model's error on each when its source was left out of the fit:",
         ),
         ("ul", e.nearest),
+        *(
+            [
+                (
+                    "p",
+                    "The nearest published runs no parameter was fit on (recent stacks, mixture-of-"
+                    "experts runs: benchmarks/recent_runs_check.py, benchmarks/moe_accuracy.py), each line "
+                    "one source's runs of one model and stack, with the shipped parameter set's errors:",
+                ),
+                ("ul", e.outside_fit),
+            ]
+            if e.outside_fit
+            else []
+        ),
     ]
 
 

@@ -198,6 +198,9 @@ class FitRun(BaseModel):
     stack: str = Field(description="Software stack (service/spec/stack.py), without the GPU.")
     plan: str = Field(description="The run's plan label.")
     error: float = Field(description="Out-of-sample predicted / measured − 1 (negative: predicted too slow).")
+    seq_len: int | None = Field(
+        None, ge=1, description="Tokens per sequence (given for runs kept outside the fit)."
+    )
 
 
 class ModelParams(BaseModel):

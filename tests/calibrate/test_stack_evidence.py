@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from service.calibrate.crossval import offset_free_scatter
-from service.calibrate.nearest import describe, nearest_runs
+from service.calibrate.nearest import (
+    describe,
+    describe_checks,
+    nearest_checks,
+    nearest_runs,
+    published_checks,
+)
 from service.catalog import load_model
 from service.costmodel import estimate
 from service.spec import ClusterSpec, Plan, Workload
@@ -99,3 +105,33 @@ def test_nearest_runs_for_the_seed_name_the_closest_stack_and_deepspeeds_own_evi
     assert any(r.stack.startswith("DeepSpeed") for r in near)  # the engine's own (2021) runs, however far
     line = describe(near[0])
     assert f"predicted {near[0].error:+.1%}" in line and near[0].source in line
+
+
+def test_runs_kept_outside_the_fit_name_the_seeds_stack_and_a_plans_own_gpu():
+    """The memo's second list: published runs no parameter was fit on, one line per source, model and
+    stack, nearest first; a plan on a GPU none of the nearest ran on also gets its own GPU's."""
+    checks = published_checks()
+    assert {r.id for r in checks} >= {
+        "trainy-h200-llama3.1-8b-n32-compile-float8",
+        "zoo-mixtral-8x22b-h100-n128-forced",
+    }
+    seed = nearest_checks("DeepSpeed ZeRO-3, bf16", "h100-sxm-80gb", 13.0, 32)
+    assert seed[0] and all(r.source == "deepcompile-zero3" for r in seed[0]) and len(seed[0]) == 12
+    errors = sorted(r.error for r in seed[0])
+    line = describe_checks(seed[0])
+    assert line.startswith(
+        "deepcompile-zero3: 12 runs of llama3-70b (71B), DeepSpeed ZeRO-3, bf16 on 32 × h100"
+    )
+    assert f"predicted {errors[0]:+.1%} to {errors[-1]:+.1%} (median " in line
+    h200 = nearest_checks("FSDP, bf16", "h200-sxm-141gb", 8.0, 64)
+    assert [g[0].source for g in h200] == ["torchtitan-h100-compile", "trainy-h200-compile"]
+    assert all(r.error < -0.1 for r in h200[-1])  # the H200 runs: predicted too slow
+    assert describe_checks(h200[-1]).startswith(
+        "trainy-h200-compile: 2 runs of llama3-8b (8B), FSDP, fp8 on 32–64 ×"
+    )
+    # a 70B FSDP plan on 256 H200: neither of the two nearest ran on an H200, so its GPU's runs come third
+    big = nearest_checks("FSDP, bf16", "h200-sxm-141gb", 70.0, 256)
+    assert len(big) == 3 and all(g[0].gpu != "h200-sxm-141gb" for g in big[:2])
+    assert big[2][0].source == "trainy-h200-compile"
+    one = describe_checks((h200[-1][0],))
+    assert f"({h200[-1][0].plan}), predicted {h200[-1][0].error:+.1%}" in one

@@ -21,8 +21,13 @@ def _module():
 def test_every_row_is_scored_or_skipped_with_a_reason(tmp_path):
     bench = _module()
     out = tmp_path / "moe.json"
-    code = bench.main(["--out", str(out)])
+    checks = tmp_path / "moe_runs.yaml"
+    code = bench.main(["--out", str(out), "--checks", str(checks)])
     result = json.loads(out.read_text())
+    # the memo's evidence reads the shipped copy of what this writes: it is current
+    assert yaml.safe_load(checks.read_text()) == yaml.safe_load(
+        (ROOT / "service" / "catalog" / "checks" / "moe_runs.yaml").read_text()
+    )
     assert code == (0 if result["meets_goal"] else 1)
     ids = {r["id"] for r in yaml.safe_load(bench.DATA_PATH.read_text())["measurements"]}
     ids |= {r["id"] for r in yaml.safe_load(bench.UNPRICED_PATH.read_text())["rows"]}

@@ -109,6 +109,8 @@ def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan
     ev = plan_only.evidence
     assert ev is not None and ev.stack == "DeepSpeed ZeRO-3, bf16" and not ev.stack_fitted
     assert ev.nearest and all(line in md for line in ev.nearest)
+    assert ev.outside_fit and all(line in md for line in ev.outside_fit)  # runs no parameter was fit on
+    assert ev.outside_fit[0].startswith("deepcompile-zero3: 12 runs of llama3-70b")
     sens = plan_only.sensitivity
     assert sens is not None and "GB/s per GPU between nodes" in sens.flip
     assert "deepspeedai/DeepSpeed#7164" in md  # why hpZ lost the tie, with the issue
