@@ -12,6 +12,7 @@ GPUs apart.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -117,7 +118,7 @@ def describe_checks(group: tuple[FitRun, ...]) -> str:
     span = _span(sorted({r.num_gpus for r in group}))
     seqs = sorted({r.seq_len for r in group if r.seq_len})
     tokens = f" at {_span([_k(x) for x in seqs])} tokens" if seqs else ""
-    median = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1 :][:2]) / 2
+    median = statistics.median(errors)
     return (
         f"{first.source}: {len(group)} runs of {first.model} ({first.params_b:.0f}B), {first.stack} on "
         f"{span} × {first.gpu}{tokens}, predicted {errors[0]:+.1%} to {errors[-1]:+.1%} "
