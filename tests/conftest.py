@@ -9,7 +9,7 @@ third of the time; as two streams side by side the cores stay ~90 % busy, and th
 Each test goes to one of two fixed groups (xdist's `xdist_group` marker), so the split is the same on
 every run and each stream runs its tests in file order:
 - "trials": tests/train (the proxy trials, and the session fixture two of its modules share), the
-  killed-driver and hung-trial search tests, preflight, `proxy-run`'s CLI tests, the search CLI's
+  killed-driver and hung-trial search tests, preflight, the search CLI's
   one-line errors and the heaviest pure-computation modules (the cross-validation, plan enumeration and
   its benchmark): about half the suite's test time, measured with `--durations=0` on a fresh clone;
 - "rest": everything else. The cluster tests that start `ray start` heads stay in one stream.
@@ -30,7 +30,6 @@ TRIALS = (
     "search/test_resume_driver.py",
     "search/test_hang_trial.py",
     "preflight/",
-    "cli/test_proxy_run.py",
     "cli/test_search.py",
     "calibrate/test_crossval.py",
     "plans/test_enumerate.py",

@@ -1,4 +1,6 @@
-"""`python -m service proxy-run`: the issue's command end to end, invalid flags, bad input."""
+"""`python -m service proxy-run`: invalid flags and bad input, each one line naming the flag. The
+command end to end (a real trial with a killed worker, its JSON on a real stdout) is in
+tests/train/test_proxy_ray.py (`test_ray_trains_restart_resumes_bitwise_and_the_clis_json_...`)."""
 
 from __future__ import annotations
 
@@ -23,34 +25,6 @@ PLAN = [
     "--recompute",
     "none",
 ]
-SUMMARY = {
-    "tokens_per_s",
-    "model_state_bytes_per_rank",
-    "activation_bytes_per_rank",
-    "peak_memory_bytes_per_rank",
-}
-
-
-@pytest.fixture
-def own_ray():
-    yield
-    import ray
-
-    ray.shutdown()
-
-
-@pytest.mark.slow
-def test_issue_command_runs_a_trial_and_prints_json(capsys, own_ray, tmp_path):
-    # 3 steps: tiny-cpu times the steps after its 2 warmup steps (--steps 2 would time none: exit 2).
-    code = main(["proxy-run", EXP, *PLAN, "--steps", "3", "--storage-path", str(tmp_path), "--json"])
-    data = json.loads(capsys.readouterr().out)
-    assert code == 0, data["reason"]
-    assert data["status"] == "ok" and data["restarts"] == 0
-    assert len(data["losses"]) == 3 and all(5.0 < x < 7.5 for x in data["losses"])
-    assert set(data["measured"]) >= SUMMARY and set(data["predicted"]) >= SUMMARY
-    assert data["measured"]["model_state_bytes_per_rank"] > 0
-    assert data["ds_config"]["zero_optimization"]["stage"] == 1
-    assert data["plan"]["dp"] == 2  # 2 workers / (tp·pp)
 
 
 def test_plan_deepspeed_cannot_run_is_invalid_not_a_crash(capsys):

@@ -196,6 +196,18 @@ def test_ray_trains_restart_resumes_bitwise_and_the_clis_json_stays_one_document
     assert data["status"] == "ok" and data["restarts"] == 1
     assert next(runs.glob("*/injected_failure.done"))  # a worker really was killed
     assert data["losses"] == reference.losses  # bitwise: float equality, not approx
+    # what the command reports: the plan its flags describe, its DeepSpeed config, measured beside predicted
+    assert (
+        data["plan"]["dp"] == 2 and data["ds_config"]["zero_optimization"]["stage"] == 1
+    )  # 2 workers / tp·pp
+    summary = {
+        "tokens_per_s",
+        "model_state_bytes_per_rank",
+        "activation_bytes_per_rank",
+        "peak_memory_bytes_per_rank",
+    }
+    assert set(data["measured"]) >= summary and set(data["predicted"]) >= summary
+    assert data["measured"]["model_state_bytes_per_rank"] > 0
 
 
 def test_plan_over_the_memory_cap_is_reported_as_oom(ray_session, experiment, tmp_path):
