@@ -23,7 +23,6 @@ def test_every_test_file_is_in_one_of_two_streams() -> None:
         "search/test_hang_trial.py",
         "preflight/test_preflight_ray.py",
         "preflight/test_verdict.py",
-        "cli/test_proxy_run.py",
         "cli/test_search.py",
         "calibrate/test_crossval.py",
         "plans/test_enumerate.py",
