@@ -84,6 +84,7 @@ def _rows(path: Path, params: Any) -> tuple[list[dict[str, Any]], dict[str, str]
                 "params_b": run.model.num_params / 1e9,
                 "stack": run_stack(run),
                 "seq_len": row.seq_len,
+                "offload": run.plan.offload_optimizer or run.plan.offload_params,
                 "label": est.plan.short(),
                 "approximate": row.approximate,
                 "measured_tokens_per_s_per_gpu": round(measured, 1),
@@ -106,7 +107,7 @@ def _rows(path: Path, params: Any) -> tuple[list[dict[str, Any]], dict[str, str]
 
 
 def _kernel_bound(row: dict[str, Any]) -> bool:
-    return row["seq_len"] <= 8192 and "-offopt" not in row["label"] and "-offpar" not in row["label"]
+    return row["seq_len"] <= 8192 and not row["offload"]
 
 
 def _grouped(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:

@@ -110,10 +110,7 @@ def describe_checks(group: tuple[FitRun, ...]) -> str:
     (its range and median over the group's runs)."""
     first = group[0]
     if len(group) == 1:
-        return (
-            f"{first.source}: {first.model} ({first.params_b:.0f}B), {first.stack} on {first.num_gpus} × "
-            f"{first.gpu} ({first.plan}), predicted {first.error:+.1%}"
-        )
+        return describe(first)
     errors = sorted(r.error for r in group)
     span = _span(sorted({r.num_gpus for r in group}))
     seqs = sorted({r.seq_len for r in group if r.seq_len})
