@@ -26,7 +26,7 @@ import numpy as np
 import yaml
 
 from service.calibrate.crossval import run_stack
-from service.calibrate.nearest import CHECKS_DIR, check_run, write_checks
+from service.calibrate.nearest import add_checks_option, save_checks
 from service.calibrate.runs import load_dataset, measured_run
 from service.costmodel import estimate
 from service.spec.params import load_params
@@ -100,16 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=None, help="parameter set (default: the shipped one)")
     parser.add_argument("--out", default=str(RESULTS_PATH))
-    parser.add_argument(
-        "--checks",
-        default=str(CHECKS_DIR / "moe_runs.yaml"),
-        help="where the scored rows go for the memo's evidence (written only with the shipped parameters)",
-    )
+    add_checks_option(parser, "moe_runs.yaml")
     args = parser.parse_args(argv)
     result = score(args.params)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.params is None:
-        write_checks(Path(args.checks), result["params"], CHECKS_NOTE, [check_run(r) for r in result["rows"]])
+    save_checks(args.checks, args.params, result, CHECKS_NOTE)
     for name, s in result["sources"].items():
         print(
             f"{name}: {s['runs']} runs, bias {s['bias']:+.1%}, mean |error| {s['mean_abs_error']:.1%}, "

@@ -11,11 +11,13 @@ GPUs apart.
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -74,6 +76,22 @@ def write_checks(path: Path, params_name: str, note: str, runs: Sequence[FitRun]
     data = {"note": note, "params": params_name, "runs": [r.model_dump() for r in runs]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False, width=110))
+
+
+def add_checks_option(parser: argparse.ArgumentParser, file_name: str) -> None:
+    """A benchmark's `--checks PATH` option (default: `file_name` in the shipped checks folder)."""
+    parser.add_argument(
+        "--checks",
+        default=str(CHECKS_DIR / file_name),
+        help="where the scored rows go for the memo's evidence (written only with the shipped parameters)",
+    )
+
+
+def save_checks(path: str, params_path: str | None, result: dict[str, Any], note: str) -> None:
+    """Writes a benchmark's scored `result["rows"]` as a checks file, when they were scored with the
+    shipped parameter set (`params_path` None): the memo quotes the shipped set's errors only."""
+    if params_path is None:
+        write_checks(Path(path), str(result["params"]), note, [check_run(r) for r in result["rows"]])
 
 
 def check_run(row: dict[str, object]) -> FitRun:
