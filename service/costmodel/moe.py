@@ -21,6 +21,7 @@ import numpy as np
 
 from service.costmodel import comm, compute
 from service.costmodel import memory as mem
+from service.costmodel.data_parallel import ZeroTraffic, exposed_comm_s
 from service.costmodel.types import Num, on_distinct
 from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
@@ -73,13 +74,19 @@ def load_factor(model: ModelSpec, p: PlanTable, imbalance: float) -> np.ndarray:
     auxiliary balancing loss). It is applied to the rank as a whole: the published dropless and
     force-balanced pairs (benchmarks/moe_accuracy.py) do not show a rank's several experts averaging
     their skew out (Qwen3-235B with 16 experts per rank loses more to imbalance than Mixtral with one).
+    Without expert parallelism (ep 1) a rank holds every expert and routes each of its tokens' k copies
+    to itself, so a grouped-GEMM layer (Megatron-Core, torchtitan), which runs the tokens as they come,
+    has no busiest rank to wait for: its load is 1. DeepSpeed's dropless layer still pads every local
+    expert to the busiest one's count.
     """
     moe = model.moe
     if moe is None:
         return np.ones(len(p))
     capacity = moe.capacity_factor if moe.router == "capacity" else None  # validated: set with capacity
-    factor = float(capacity) if capacity is not None else float(imbalance)
-    return np.full(len(p), factor)
+    if capacity is not None:
+        return np.full(len(p), float(capacity))
+    pads = (_rule("layer") == "deepspeed_moe")[p.engine]
+    return np.where((p.ep == 1) & ~pads, 1.0, float(imbalance))
 
 
 def tokens_dispatched(p: PlanTable, seq_len: int) -> np.ndarray:
@@ -255,7 +262,7 @@ def router_and_permute_time_forward_s(
     return np.asarray(logits + softmax + permute, dtype=float)
 
 
-def expert_gradient_sync_s(
+def expert_gradient_traffic(
     psi_expert: Num,
     p: PlanTable,
     grad_bytes: Num,
@@ -263,21 +270,36 @@ def expert_gradient_sync_s(
     gpus_per_node: int,
     gpu: GPUSpec,
     links: comm.Links,
-) -> np.ndarray:
-    """The expert slice's data-parallel collectives of one step over the expert-data-parallel group
-    (ranks ep·expert_tp apart): the gradient all-reduce
-    (ZeRO 0, and DeepSpeed's ZeRO 1-2 bucket all-reduce) or reduce-scatter plus the updated parameters'
-    all-gather (ZeRO 1-2 elsewhere), and ZeRO-3's two gathers and one reduce-scatter per micro-batch."""
+) -> ZeroTraffic:
+    """The expert slice's data-parallel collectives over the expert-data-parallel group (ranks
+    ep·expert_tp apart), as the dense slice's are described (`data_parallel.ZeroTraffic`), so the two
+    overlap with backward by the same rules (`data_parallel.exposed_comm_s`): the gradient all-reduce
+    (ZeRO 0), the reduction of ZeRO 1-2 (DeepSpeed's bucket all-reduce, else a reduce-scatter; stage 2
+    every micro-batch) and the updated slice's all-gather, ZeRO-3's two gathers and one reduce-scatter
+    per micro-batch. Megatron-Core keeps the experts in buffers of their own over the expert-data-
+    parallel group, reduced like the dense ones once the last micro-batch's backward has made the
+    gradients (distributed_data_parallel.py `expert_parallel_buffers`); DeepSpeed's ZeRO 1-2 reduce the
+    expert parameter groups over that group with the rest (stage_1_and_2.py `_configure_moe_settings`)."""
     edp = expert_data_parallel(p)
     stride = p.ep * p.expert_tp
     grads, params = psi_expert * grad_bytes, psi_expert * param_bytes
     ar = comm.all_reduce_time_s(grads, edp, stride, gpus_per_node, gpu, 1.0, links)
     rs = comm.reduce_scatter_time_s(grads, edp, stride, gpus_per_node, gpu, 1.0, links)
     ag = comm.all_gather_time_s(params, edp, stride, gpus_per_node, gpu, 1.0, links)
-    all_reduce = (_engine_field("gradient_reduce") == "all_reduce")[p.engine]
-    z12 = np.where(all_reduce, ar, rs + ag)
-    z3 = p.grad_accum * (2 * ag + rs)
-    return np.asarray(np.select([p.zero_stage == 0, p.zero_stage <= 2], [ar, z12], z3), dtype=float)
+    zero = np.zeros(len(p))
+    from_stage = np.array([4 if s is None else s for s in _engine_field("block_sharding_from_stage")])
+    return ZeroTraffic(
+        psi=np.asarray(psi_expert, dtype=float),
+        fsdp=p.zero_stage >= from_stage[p.engine],
+        all_reduce=ar,
+        reduce=np.where(p.engine_is("gradient_reduce", "all_reduce"), ar, rs),
+        gather=ag,
+        per_micro_batch=np.asarray(2 * ag + rs, dtype=float),
+        unhidden=zero,
+        list_copies=zero,
+        per_step=zero,
+        regather=zero,
+    )
 
 
 def _engine_field(field: str) -> np.ndarray:
@@ -366,19 +388,19 @@ def data_parallel_s(
     gpus_per_node: int,
     gpu: GPUSpec,
     links: comm.Links,
-    window_s: Num,
-    overlapped: Num,
+    fwd: np.ndarray,
+    bwd: np.ndarray,
     contention: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(exposed expert gradient sync, expert optimizer step) of one step for a stage's `moe_blocks`:
-    the sync hides behind `window_s` of backward where the plan overlaps its data-parallel traffic;
+    """(exposed expert gradient sync, expert optimizer step) of one step for a stage's `moe_blocks`,
+    the sync behind one micro-batch's `fwd` and `bwd` as the dense slice's (`expert_gradient_traffic`);
     zeros for a dense model."""
     if model.moe is None:
         return np.zeros(len(p)), np.zeros(len(p))
     psi = expert_params_per_gpu(model, moe_blocks, p)
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    sync = expert_gradient_sync_s(psi, p, gb, pb, gpus_per_node, gpu, links)
-    exposed = np.where(overlapped, comm.overlapped_exposed_s(sync, window_s, contention), sync)
+    traffic = expert_gradient_traffic(psi, p, gb, pb, gpus_per_node, gpu, links)
+    exposed = exposed_comm_s(traffic, p, fwd, bwd, contention)
     shard = psi / np.where(p.zero_stage >= 1, expert_data_parallel(p), 1)
     step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
     return np.asarray(exposed, dtype=float), np.asarray(step, dtype=float)

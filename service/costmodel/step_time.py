@@ -166,9 +166,8 @@ def step_time_terms(
     offload = data_parallel.exposed_offload_s(zero, model, p, fwd, bwd, gpu, contention)
     optimizer_step = data_parallel.optimizer_step_s(zero, p, gpu)
     ga = p.grad_accum
-    overlapped = workload.overlap_comm | p.comm_overlap
     expert_dp, expert_step = moe.data_parallel_s(
-        whole, p, moe_blocks, cluster.gpus_per_node, gpu, net, ga * bwd, overlapped, contention
+        whole, p, moe_blocks, cluster.gpus_per_node, gpu, net, fwd, bwd, contention
     )
     dp_comm, optimizer_step = dp_comm + expert_dp, optimizer_step + expert_step
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches

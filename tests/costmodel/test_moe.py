@@ -106,6 +106,39 @@ def test_load_factor_is_the_imbalance_or_the_capacity_factor():
     assert moe.load_factor(capacity, table, 1.5).tolist() == [1.25, 1.25]
 
 
+def test_without_expert_parallelism_only_a_padding_layer_waits_for_the_busiest_expert():
+    """ep 1: every expert is local, so a grouped-GEMM layer runs its tokens' k copies whatever the skew;
+    DeepSpeed's dropless layer pads each expert to the busiest one's count, and capacity routers pad to
+    their factor."""
+    engines = ("megatron", "fsdp", "deepspeed")
+    table = PlanTable.from_plans([Plan(dp=64, engine=e, zero_stage=0) for e in engines])
+    assert moe.load_factor(FINE, table, 1.5).tolist() == [1.0, 1.0, 1.5]
+    capacity = FINE.model_copy(
+        update={"moe": FINE.moe.model_copy(update={"router": "capacity", "capacity_factor": 1.25})}
+    )
+    assert moe.load_factor(capacity, table, 1.5).tolist() == [1.25, 1.25, 1.25]
+    plan = Plan(dp=64, engine="megatron", zero_stage=1, grad_accum=4, recompute="full")
+    balanced, skewed = (
+        estimate(MIXTRAL, H100, plan, WORK.model_copy(update={"moe_load_imbalance": x})) for x in (1.0, 3.0)
+    )
+    assert skewed.tokens_per_s == balanced.tokens_per_s
+    assert skewed.memory_per_gpu_bytes.total == balanced.memory_per_gpu_bytes.total
+
+
+def test_the_expert_gradient_sync_overlaps_as_the_dense_one_does():
+    """The expert slice's reduction waits for the last micro-batch's backward (ZeRO 0-1: once per step,
+    so more micro-batches do not hide it), and ZeRO-2 reduces every micro-batch, as the dense slice."""
+
+    def dp_comm_s(zero: int, ga: int) -> float:
+        plan = Plan(dp=64, ep=8, engine="megatron", zero_stage=zero, grad_accum=ga, comm_overlap=True)
+        work = WORK.model_copy(update={"global_batch_sequences": 64 * ga})
+        return estimate(MIXTRAL, H100, plan, work).time_breakdown_s.dp_comm
+
+    assert dp_comm_s(1, 8) == pytest.approx(dp_comm_s(1, 1), rel=1e-9)
+    assert dp_comm_s(0, 8) == pytest.approx(dp_comm_s(0, 1), rel=1e-9)
+    assert dp_comm_s(2, 8) > 1.5 * dp_comm_s(2, 1)  # eight reductions, each mostly behind its backward
+
+
 def test_dense_model_is_unchanged_by_the_moe_terms():
     dense = MIXTRAL.model_copy(update={"moe": None})
     e = estimate(dense, H100, Plan(dp=64, zero_stage=1, grad_accum=4), WORK)
