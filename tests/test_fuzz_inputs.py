@@ -64,6 +64,8 @@ def _tiny(**edits: Any) -> dict[str, Any]:
 
 _DROP = object()
 
+# A mixture-of-experts block for tiny-cpu's model (8 experts of its width, top-2).
+MOE = {"num_experts": 8, "experts_per_token": 2, "expert_ffn_hidden_size": 512}
 # Experiment fields that are wrong: (edits to tiny-cpu.yaml, the field the one line must name).
 BAD_EXPERIMENTS: dict[str, tuple[dict[str, Any], str]] = {
     "name-empty": ({"name": ""}, "name"),
@@ -127,6 +129,28 @@ BAD_EXPERIMENTS: dict[str, tuple[dict[str, Any], str]] = {
     "engines-string": ({"engines": "deepspeed"}, "engines"),
     "optimizer-lr-negative": ({"optimizer": {"lr": -1}}, "optimizer.lr"),
     "tracking-list": ({"tracking": [1, 2]}, "tracking"),
+    "tracking-experiment-traversal": (
+        {"tracking.experiment_name": "../../escaped"},
+        "tracking.experiment_name",
+    ),
+    "tracking-experiment-empty": ({"tracking.experiment_name": ""}, "tracking.experiment_name"),
+    "price-huge": ({"cluster.price_per_gpu_hour_usd": 1e308}, "cluster.price_per_gpu_hour_usd"),
+    "bandwidth-huge": (
+        {"cluster.inter_node_bandwidth_gb_per_s": 1e308},
+        "cluster.inter_node_bandwidth_gb_per_s",
+    ),
+    "moe-capacity-inf": (
+        {"model.moe": {**MOE, "router": "capacity", "capacity_factor": float("inf")}},
+        "model.moe.capacity_factor",
+    ),
+    "moe-capacity-huge": (
+        {"model.moe": {**MOE, "router": "capacity", "capacity_factor": 1e6}},
+        "model.moe.capacity_factor",
+    ),
+    "moe-top-k-beyond-its-groups": (
+        {"model.moe": {**MOE, "experts_per_token": 4, "expert_groups": 4, "groups_per_token": 1}},
+        "model.moe.experts_per_token",
+    ),
 }
 
 
@@ -266,6 +290,18 @@ BAD_FLAGS: dict[str, tuple[list[str], str]] = {
         "--out",
     ),
     "calibrate-out-directory": (["calibrate", str(MEASUREMENTS), "--out", "."], "--out"),
+    "calibrate-out-pseudo-fs": (["calibrate", str(MEASUREMENTS), "--out", "/proc/p.yaml"], "--out"),
+    "calibrate-out-device": (["calibrate", str(MEASUREMENTS), "--out", "/dev/null"], "--out"),
+    "calibrate-out-name-too-long": (["calibrate", str(MEASUREMENTS), "--out", "p" * 300 + ".yaml"], "--out"),
+    "calibrate-out-empty": (["calibrate", str(MEASUREMENTS), "--out", ""], "--out"),
+    "run-out-pseudo-fs": (["run", str(TINY), "--no-proxies", "--out", "/proc/run"], "--out"),
+    "report-out-pseudo-fs": (["report", ".", "--out", "/proc/memo"], "--out"),
+    "price-huge": ([*EST, "--gpus", "8", "--price-per-gpu-hour", "1e308"], "--price-per-gpu-hour"),
+    "bandwidth-subnormal": (
+        [*EST, "--gpus", "8", "--inter-node-bandwidth", "1e-320"],
+        "--inter-node-bandwidth",
+    ),
+    "tokens-huge": ([*EST, "--gpus", "8", "--tokens-to-train", "1e308"], "--tokens-to-train"),
     "calibrate-profile-missing": (["calibrate", str(MEASUREMENTS), "--profile", "nope.yaml"], "nope.yaml"),
 }
 
@@ -282,3 +318,18 @@ def test_corpus_size() -> None:
     """The number of malformed inputs tried, as the issue counts them."""
     total = len(SLOTS) * len(BAD_FILES) + len(BAD_EXPERIMENTS) + len(BAD_FLAGS)
     assert total >= 132
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e400"])
+def test_a_measured_value_that_is_not_finite_is_named(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "in" / "runs.csv"
+    runs.parent.mkdir()
+    header = "id,source,model,gpu,num_gpus,gpus_per_node,dp,tp,pp,zero_stage,micro_batch,grad_accum,"
+    header += "global_batch,seq_len,recompute,tokens_per_s_per_gpu\n"
+    rows = f"r1,a,llama2-13b,h100-sxm-80gb,8,8,4,2,1,1,1,8,32,4096,none,{value}\n"
+    rows += "r2,b,llama2-7b,h100-sxm-80gb,8,8,8,1,1,1,2,2,32,4096,none,4500\n"
+    runs.write_text(header + rows)
+    code, lines = _run(["calibrate", str(runs), "--no-crossval", "--json"], tmp_path, capsys)
+    _one_line(code, lines, "measured.tokens_per_s_per_gpu")

@@ -61,7 +61,7 @@ class Source(BaseModel):
 class Measured(BaseModel):
     """Exactly one measured quantity, in the source's own terms."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     tokens_per_s_per_gpu: float | None = Field(None, gt=0)
     step_time_s: float | None = Field(None, gt=0)

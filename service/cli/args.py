@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 from pathlib import Path
 
 
@@ -44,8 +46,16 @@ def output_path(flag: str, path: str, folder: bool = False) -> Path:
     A `SpecError` naming the flag otherwise."""
     from service.spec.errors import SpecError
 
-    p = Path(path).expanduser()
     want = "a folder" if folder else "a file"
+    if not path.strip():
+        raise SpecError(flag, f"empty; give {want} path, or leave the flag out for the default")
+    p = Path(path).expanduser()
+    try:
+        os.stat(p)  # a name too long for the file system fails here, before any work
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise SpecError(flag, f"{path}: {err.strerror}") from None
     if p.is_dir() and not folder:
         raise SpecError(flag, f"{path} is a folder; give {want} path")
     if p.exists() and folder and not p.is_dir():
@@ -53,4 +63,19 @@ def output_path(flag: str, path: str, folder: bool = False) -> Path:
     parent = p.absolute().parent
     if not parent.is_dir():
         raise SpecError(flag, f"folder {parent} does not exist; create it first (nothing is created for you)")
+    if p.exists() and not (p.is_dir() or p.is_file()):
+        raise SpecError(flag, f"{path} is neither a regular file nor a folder; give {want} path")
+    _check_writable(flag, p if folder and p.is_dir() else parent)
     return p
+
+
+def _check_writable(flag: str, folder: Path) -> None:
+    """A file can be made in `folder` (and is removed again): a read-only or pseudo file system such as
+    /proc or /sys refuses it here rather than after the command's work."""
+    from service.spec.errors import SpecError
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as err:
+        raise SpecError(flag, f"cannot write in {folder}: {err.strerror}") from None

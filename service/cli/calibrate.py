@@ -9,8 +9,9 @@ Imports neither torch, ray nor deepspeed.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
+
+from service.cli.stdio import print_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from service.spec.params import ModelParams, load_params, save_params
 
     # The quick checks first: the runs file's rows are planned one by one, and the fit takes a while.
-    out = output_path("--out", args.out) if args.out else None
+    out = output_path("--out", args.out) if args.out is not None else None
     fit = _names(args.fit)
     prior = load_params(args.prior) if args.prior else ModelParams()
     for path in args.profile:
@@ -102,5 +103,8 @@ def run(args: argparse.Namespace) -> int:
     report = calibration_report(params, cv)
     if out is not None:
         report["written"] = str(save_params(params, out))
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    if args.json:
+        print_json(report)
+    else:
+        print(render(report))
     return 0

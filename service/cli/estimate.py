@@ -9,11 +9,11 @@ naming the flag and what is allowed, exit 2. Imports neither torch, ray nor deep
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, get_args
 
 from service.cli.args import finite_float
 from service.cli.args import positive_int as _positive_int
+from service.cli.stdio import print_json
 from service.spec.engine import Engine
 from service.spec.plan import Precision, Recompute, ZeroStage
 from service.spec.request import DEFAULT_HEADROOM
@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
             "router": model.moe.router,
         }
     if args.json:
-        print(json.dumps({"label": plan.short(), "inputs": inputs, **est.model_dump()}, indent=2))
+        print_json({"label": plan.short(), "inputs": inputs, **est.model_dump()})
     else:
         print(render(est, inputs))
     return 0

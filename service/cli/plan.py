@@ -9,10 +9,10 @@ Imports neither torch, ray nor deepspeed.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import Any, get_args
 
+from service.cli.stdio import print_json
 from service.spec.plan import Precision
 from service.spec.units import GIB
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     )
     result = planner.fit()
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print_json(result.to_dict())
     else:
         print(render(result))
     return 0 if result.selected is not None else 1

@@ -15,7 +15,6 @@ file `python -m service calibrate` reads, and DIR/preflight.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from service.cli.args import finite_float, positive_float, positive_int
@@ -53,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.cli.stdio import library_output_to_stderr
+    from service.cli.stdio import library_output_to_stderr, print_json
     from service.preflight.first_hour import Preflight, main_line
 
     overrides = {
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     with library_output_to_stderr():
         result = preflight.fit()
     if args.json:
-        print(json.dumps(result.summary(), indent=2))
+        print_json(result.summary())
     else:
         print(main_line(result))
     return 0 if result.go else 1

@@ -10,11 +10,11 @@ measured fields laid over it. `--json` prints exactly one JSON document.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from typing import Any
 
 from service.cli.args import finite_float, output_path
+from service.cli.stdio import print_json
 
 DEFAULT_BUDGET_S = {"cpu": 60.0, "cuda": 180.0}
 
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from service.profile.profiler import detect_device
     from service.spec.errors import SpecError
 
-    if args.out:
+    if args.out is not None:
         output_path("--out", args.out)  # before the measurements, which take minutes
 
     if args.budget_s is not None and not args.budget_s > 0:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         entry = catalog.write_catalog_entry(profile, args.write_catalog, catalog.CATALOG_GPUS)
     if args.json:
         doc = {"profile_path": str(out), "catalog_entry_path": entry and str(entry)}
-        print(json.dumps({**doc, **profile.model_dump(mode="json")}, indent=2))
+        print_json({**doc, **profile.model_dump(mode="json")})
     else:
         print(render(profile))
         print(f"wrote {out}" + (f" and {entry}" if entry else ""))

@@ -10,7 +10,6 @@ input, a layout the proxy cannot run included (`invalid`: one line on stderr nam
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import get_args
 
@@ -120,12 +119,12 @@ def run(args: argparse.Namespace) -> int:
     if args.address:
         os.environ["RAY_ADDRESS"] = args.address
     plan = _plan(args, experiment)
-    from service.cli.stdio import library_output_to_stderr
+    from service.cli.stdio import library_output_to_stderr, print_json
     from service.train.proxy_trial import ProxyResult, run_proxy
 
     if isinstance(plan, str):  # bad input like any other: exit 2, one line naming the field
         if args.json:
-            print(json.dumps(ProxyResult.invalid(plan).model_dump(mode="json")))
+            print_json(ProxyResult.invalid(plan).model_dump(mode="json"), indent=None)
         field, _, message = plan.partition(": ")
         if not message:  # proxy_plan_problem's worker count: dp·tp·pp = N but the proxy has M workers
             field, message = "--workers", plan
@@ -143,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         )
     data = outcome.model_dump(mode="json")
     if args.json:
-        print(json.dumps(data))
+        print_json(data, indent=None)
     else:
         _print_table(data)
     return 0 if outcome.status == "ok" else 1

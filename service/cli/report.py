@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from service.report import write_memo
     from service.report.result import RunResult
 
-    if args.out:
+    if args.out is not None:
         output_path("--out", args.out, folder=True)  # a file there, or no folder to put it in
 
     source = Path(args.source)

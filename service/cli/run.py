@@ -12,7 +12,6 @@ none meets the budget, 2 for bad input.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from service.spec.errors import SpecError
@@ -83,12 +82,12 @@ def _pct(x: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from service.cli.args import output_path
-    from service.cli.stdio import library_output_to_stderr
+    from service.cli.stdio import library_output_to_stderr, print_json
     from service.design.job import DEFAULT_MAX_PROXIES, Run
 
     if args.max_proxies is not None and args.max_proxies < 0:
         raise SpecError("--max-proxies", f"must be 0 or more, got {args.max_proxies}")
-    if args.out:
+    if args.out is not None:
         output_path("--out", args.out, folder=True)
     try:
         job = Run(
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     with library_output_to_stderr():  # Ray, Tune and MLflow print on stdout; --json must parse
         result = job.fit()
     if args.json:
-        print(json.dumps(result.to_json(), indent=1, default=str))
+        print_json(result.to_json(), indent=1, default=str)
     else:
         print(summary(result))
     return 0 if result.selected_plan is not None else 1

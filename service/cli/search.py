@@ -11,7 +11,6 @@ trial ran to the end, 2 for bad input (one line). Searches are kept in $SERVICE_
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from service.cli.args import finite_float
@@ -111,13 +110,13 @@ def _report(result: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.cli.stdio import library_output_to_stderr
+    from service.cli.stdio import library_output_to_stderr, print_json
 
     search = _make_search(args)
     with library_output_to_stderr():  # Ray, Tune and MLflow print on stdout; --json must parse
         result = search.fit()
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print_json(result.to_dict(), default=str)
     else:
         print(_report(result))
     return 0 if result.best is not None else 1

@@ -24,7 +24,6 @@ its own full scale. Exit 0 when the run finished, 1 when it failed, 2 for bad in
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from service.cli.args import finite_float, positive_int
@@ -66,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.cli.stdio import library_output_to_stderr
+    from service.cli.stdio import library_output_to_stderr, print_json
     from service.train.production import ProductionRun
 
     production = ProductionRun(
@@ -100,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         last_eval = result.eval_losses[max(result.eval_losses)] if result.eval_losses else None
         summary.update({"init": args.weights, "eval_loss": last_eval, "hf_model": result.hf_model_dir})
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
     else:
         print(" ".join(f"{k}={v}" for k, v in summary.items() if v not in (None, "")))
     if result.status != "ok":

@@ -79,6 +79,11 @@ class GPUSpec(BaseModel):
 # The largest cluster a plan may describe: past every machine built (2024's largest runs used ~100k
 # GPUs), and small enough that the plan enumeration and the cost model stay meaningful.
 MAX_GPUS = 2**20
+# Sanity bounds on the cluster's overrides: a link of 10 MB/s per GPU (a shared 1 Gb/s uplink for 8 GPUs
+# and more) to 10 TB/s (ten times NVLink 5 per direction); a price of up to $10,000 per GPU-hour.
+MIN_LINK_GB_PER_S = 0.01
+MAX_LINK_GB_PER_S = 10_000.0
+MAX_PRICE_PER_GPU_HOUR_USD = 10_000.0
 
 
 class ClusterSpec(BaseModel):
@@ -95,11 +100,16 @@ class ClusterSpec(BaseModel):
     num_nodes: int = Field(1, gt=0, le=MAX_GPUS, description="Nodes.")
     gpus_per_node: int = Field(8, gt=0, le=MAX_GPUS, description="GPUs per node.")
     price_per_gpu_hour_usd: float | None = Field(
-        None, ge=0, allow_inf_nan=False, description="Overrides the catalog's price per GPU-hour (USD)."
+        None,
+        ge=0,
+        le=MAX_PRICE_PER_GPU_HOUR_USD,
+        allow_inf_nan=False,
+        description="Overrides the catalog's price per GPU-hour (USD).",
     )
     inter_node_bandwidth_gb_per_s: float | None = Field(
         None,
-        gt=0,
+        ge=MIN_LINK_GB_PER_S,
+        le=MAX_LINK_GB_PER_S,
         allow_inf_nan=False,
         description="Overrides the catalog's network line rate per GPU between nodes (GB/s): the catalog "
         "assumes one 400 Gb/s NIC per H100 (50); a node with 800 Gb/s for its 8 GPUs is 12.5. Applied when "

@@ -12,6 +12,7 @@ attention ignores it, an architecture whose MLP kind is not known here.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
 
 def _config(data: dict[str, Any], source: str) -> Any:
     from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
 
     kind = data.get("model_type")
     if not isinstance(kind, str):
@@ -81,11 +83,19 @@ def _config(data: dict[str, Any], source: str) -> Any:
             source,
         )
     fields = {k: v for k, v in data.items() if k != "model_type"}
+    # transformers logs its own opinions of a config (token ids outside the vocabulary, rope settings):
+    # not what the service reads, and an error must stay one line.
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
-        return AutoConfig.for_model(kind, **fields)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.for_model(kind, **fields)
     except Exception as err:  # transformers and huggingface_hub validators raise their own types
         why = " ".join(str(getattr(err, "__cause__", None) or err).split())[:200]
         raise SpecError("config", f"transformers refuses this {kind} config: {why}", source) from None
+    finally:
+        hf_logging.set_verbosity(previous)
 
 
 def _ffn_hidden_size(cfg: Any) -> int:

@@ -55,7 +55,9 @@ class MoESpec(BaseModel):
     first_dense_layers: int = Field(0, ge=0, description="Leading blocks that keep the dense MLP.")
     router: Router = Field("dropless", description="dropless, or capacity (token dropping).")
     capacity_factor: float | None = Field(
-        None, description="Expert capacity over the balanced share of tokens (router capacity only, ≥ 1)."
+        None,
+        allow_inf_nan=False,
+        description="Expert capacity over the balanced share of tokens (router capacity only, ≥ 1).",
     )
     expert_groups: int = Field(
         1,
@@ -83,12 +85,20 @@ class MoESpec(BaseModel):
         if self.groups_per_token is not None and self.groups_per_token > self.expert_groups:
             g, t = self.expert_groups, self.groups_per_token
             raise SpecError("groups_per_token", f"{t} exceeds expert_groups {g}; allowed: 1 to {g}")
+        reachable = (self.groups_per_token or self.expert_groups) * (self.num_experts // self.expert_groups)
+        if self.experts_per_token > reachable:
+            k, groups = self.experts_per_token, self.groups_per_token or self.expert_groups
+            message = f"{k} exceeds the {reachable} experts of the {groups} group(s) a token may use"
+            raise SpecError("experts_per_token", f"{message}; allowed: 1 to {reachable}")
         if self.router == "capacity":
             if self.capacity_factor is None:
                 raise SpecError("capacity_factor", "router 'capacity' needs a capacity factor (≥ 1)")
             if not self.capacity_factor >= 1.0:
                 message = f"{self.capacity_factor} is below 1: experts would drop tokens even when balanced"
                 raise SpecError("capacity_factor", message)
+            if self.capacity_factor > self.num_experts:
+                message = f"{self.capacity_factor} pads every expert beyond all of a batch's tokens"
+                raise SpecError("capacity_factor", f"{message}; allowed: 1 to {self.num_experts}")
         elif self.capacity_factor is not None:
             raise SpecError("capacity_factor", "only router 'capacity' drops tokens; 'dropless' has none")
         return self

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.spec.names import name_problem
 
 
 class TrackingSpec(BaseModel):
@@ -33,3 +35,13 @@ class TrackingSpec(BaseModel):
         description="Where records wait while the tracking store is unreachable; default: "
         "<repo>/mlartifacts/pending. They are written when the store is back.",
     )
+
+    @field_validator("experiment_name")
+    @classmethod
+    def _plain_name(cls, value: str | None) -> str | None:
+        # A sqlite store keeps a new experiment's artifacts in mlartifacts/<experiment_name>: a path
+        # there would write outside it.
+        problem = None if value is None else name_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value

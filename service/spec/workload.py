@@ -42,7 +42,10 @@ class Workload(BaseModel):
     global_batch_sequences: int | None = Field(None, gt=0, description="Sequences per optimizer step.")
     global_batch_tokens: int | None = Field(None, gt=0, description="Tokens per optimizer step.")
     tokens_to_train: float = Field(
-        gt=0, allow_inf_nan=False, description="Tokens the whole run processes (all epochs)."
+        gt=0,
+        le=1e16,  # a thousand times the largest published pre-training run (Llama 3: 15.6 T)
+        allow_inf_nan=False,
+        description="Tokens the whole run processes (all epochs).",
     )
     flash_attention: bool = Field(
         True,

@@ -96,7 +96,7 @@ def test_estimate_table_output(capsys):
         (["--price-per-gpu-hour", "inf"], ["--price-per-gpu-hour", "must be a finite number"]),
         (["--headroom", "abc"], ["--headroom", "not a number"]),
         (["--price-per-gpu-hour", "-2"], ["--price-per-gpu-hour"]),
-        (["--inter-node-bandwidth", "0"], ["--inter-node-bandwidth", "more than 0"]),
+        (["--inter-node-bandwidth", "0"], ["--inter-node-bandwidth", "greater than or equal to 0.01"]),
         (["--gpus", "0"], ["--gpus", "positive integer"]),
         (["--zero", "4"], ["--zero", "choose from 0, 1, 2, 3"]),
         (["--recompute", "some"], ["--recompute", "'selective'"]),

@@ -30,3 +30,12 @@ def test_only_the_document_reaches_stdout() -> None:
     assert json.loads(proc.stdout) == {"status": "ok"}
     for line in ("(raylet) A worker died", "raw fd 1 write", "child process output", "unflushed tail"):
         assert line in proc.stderr
+
+
+def test_print_json_writes_strict_json_with_null_for_numbers_that_are_not_finite(capsys) -> None:
+    from service.cli.stdio import print_json
+
+    print_json({"dollars": float("inf"), "mfu": float("nan"), "rows": [1.5, float("-inf")], "n": 3})
+    out = capsys.readouterr().out
+    assert "Infinity" not in out and "NaN" not in out
+    assert json.loads(out) == {"dollars": None, "mfu": None, "rows": [1.5, None], "n": 3}

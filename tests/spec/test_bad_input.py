@@ -45,7 +45,7 @@ def error_of(path: Path) -> SpecError:
         (
             lambda d: d["cluster"].update(inter_node_bandwidth_gb_per_s=0),
             "cluster.inter_node_bandwidth_gb_per_s",
-            "greater than 0",
+            "greater than or equal to 0.01",
         ),
         (lambda d: d["budget"].update(max_dollars=-1), "budget.max_dollars", "greater than 0"),
         (lambda d: d["budget"].update(max_hours=0), "budget.max_hours", "greater than 0"),
