@@ -11,6 +11,7 @@ from service.costmodel.step_memory import StageMemoryTerms, stage_memory_terms
 from service.costmodel.step_time import peak_tflops, step_time_terms
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
+from service.spec.moe_residuals import moe_residuals
 from service.spec.params import ModelParams, interval_bounds, load_params
 from service.spec.plan import Plan
 from service.spec.plan_table import PlanTable
@@ -81,8 +82,9 @@ def estimate_table(
     dollars_per_hour = cluster.num_gpus * cluster.price_usd_per_gpu_hour
     legacy = workload.zero3_collectives == "per_tensor_lists"
     stacks = plan_stacks(p, legacy, model.moe is not None) if params.domain.stacks else None
+    moe = moe_residuals() if model.moe is not None else None
     low, high = interval_bounds(
-        tokens_per_s, params, cluster.num_gpus, workload.seq_len, cluster.gpu.name, stacks
+        tokens_per_s, params, cluster.num_gpus, workload.seq_len, cluster.gpu.name, stacks, moe
     )
     hours_low, hours_high = workload.tokens_to_train / high / 3600.0, workload.tokens_to_train / low / 3600.0
     return EstimateTable(
@@ -112,6 +114,7 @@ def estimate_table(
         dollars_low=hours_low * dollars_per_hour,
         dollars_high=hours_high * dollars_per_hour,
         params=params,
+        moe_residuals=moe,
         **{f"{k}_s": v for k, v in t.items()},
     )
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from service.spec.params import ModelParams, ParamsSummary
+from service.spec.params import ModelParams, ParamsSummary, Residuals
 from service.spec.plan import Plan
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
@@ -60,13 +60,15 @@ class EstimateTable:
     dollars_low: np.ndarray
     dollars_high: np.ndarray
     params: ModelParams  # the parameter set every row was scored with
+    moe_residuals: Residuals | None = None  # a MoE model's out-of-fit residuals, in its intervals
 
     def __len__(self) -> int:
         return len(self.total_bytes)
 
     def take(self, index: np.ndarray) -> EstimateTable:
-        cols = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name != "params"}
-        return EstimateTable(**cols, params=self.params)
+        shared = ("params", "moe_residuals")
+        cols = {f.name: getattr(self, f.name)[index] for f in fields(self) if f.name not in shared}
+        return EstimateTable(**cols, params=self.params, moe_residuals=self.moe_residuals)
 
 
 class MemoryBreakdown(BaseModel):
@@ -153,5 +155,5 @@ class Estimate(BaseModel):
             tokens_per_s_interval=(g("tokens_per_s_low"), g("tokens_per_s_high")),
             hours_interval=(g("hours_low"), g("hours_high")),
             dollars_interval=(g("dollars_low"), g("dollars_high")),
-            params=table.params.summary(),
+            params=table.params.summary(table.moe_residuals),
         )

@@ -10,6 +10,7 @@ from service.calibrate.nearest import describe, describe_checks, nearest_checks,
 from service.design.decide import Scored
 from service.report.decision_records import Evidence, TieGroup
 from service.spec.model import ModelSpec
+from service.spec.moe_residuals import moe_residuals
 from service.spec.params import ModelParams
 from service.spec.stack import stack_names
 from service.spec.workload import Workload
@@ -45,6 +46,13 @@ def evidence(
         if widened
         else f"the fit saw {stack} on {gpu}"
     )
+    moe = moe_residuals() if model.moe is not None else None
+    if moe is not None:
+        note += (
+            f"; as a mixture of experts its interval is also at least as wide as the out-of-sample errors "
+            f"of the {moe.n} published MoE runs kept outside the fit (log residuals q10 {moe.q10:+.2f}, "
+            f"q90 {moe.q90:+.2f})"
+        )
     size_b, gpus = model.num_params / 1e9, s.cluster.num_gpus
     near = nearest_runs(params, stack, gpu, size_b, gpus)
     return Evidence(

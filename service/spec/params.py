@@ -299,21 +299,28 @@ class ModelParams(BaseModel):
             unseen = [n not in anywhere for n in stacks.names]
         return np.where(unseen, self.widen_unseen_stack, 0.0)[stacks.codes]
 
-    def summary(self) -> ParamsSummary:
-        """What `estimate --json` and `plan --json` print under `params`."""
+    def summary(self, extra: Residuals | None = None) -> ParamsSummary:
+        """What `estimate --json` and `plan --json` print under `params`; `extra`: the residuals a MoE
+        plan's interval also takes (`interval_bounds`)."""
+        interval = (
+            f"80 %: out-of-sample (leave-one-source-out) log residuals q10 {self.residuals.q10:+.3f}, "
+            f"q90 {self.residuals.q90:+.3f} over {self.residuals.n} runs, widened outside the fit"
+            if self.has_interval
+            else "none: fit without leave-one-source-out (one source, or not asked for)"
+            if self.fit_runs
+            else "none: uncalibrated analytical prior"
+        )
+        if extra is not None:
+            interval += (
+                f"; each side at least as wide as the {extra.method}: q10 {extra.q10:+.3f}, "
+                f"q90 {extra.q90:+.3f} over {extra.n} runs"
+            )
         return ParamsSummary(
             name=self.name,
             version=self.version,
             fit_on=list(self.fit_on),
             fit_runs=self.fit_runs,
-            interval=(
-                f"80 %: out-of-sample (leave-one-source-out) log residuals q10 {self.residuals.q10:+.3f}, "
-                f"q90 {self.residuals.q90:+.3f} over {self.residuals.n} runs, widened outside the fit"
-                if self.has_interval
-                else "none: fit without leave-one-source-out (one source, or not asked for)"
-                if self.fit_runs
-                else "none: uncalibrated analytical prior"
-            ),
+            interval=interval,
         )
 
 
@@ -331,16 +338,28 @@ class ParamsSummary(BaseModel):
 
 
 def interval_bounds(
-    predicted: Any, params: ModelParams, num_gpus: Any, seq_len: Any, gpu_name: str, stacks: Any = None
+    predicted: Any,
+    params: ModelParams,
+    num_gpus: Any,
+    seq_len: Any,
+    gpu_name: str,
+    stacks: Any = None,
+    extra: Residuals | None = None,
 ) -> tuple[Any, Any]:
     """(low, high) 80 % interval around `predicted` tokens/s; equal to it when the set has no residuals.
-    `stacks`: each plan's software stack (service/spec/stack.py), for the unseen-stack widening."""
+    `stacks`: each plan's software stack (service/spec/stack.py), for the unseen-stack widening.
+    `extra`: residuals of runs of a kind the set was not fit on (MoE: service/spec/moe_residuals.py),
+    widened for scale but not for the stack they already measure; each side is the wider of the two."""
     import numpy as np
 
     w = params.widening(num_gpus, seq_len, gpu_name, stacks)
     r = params.residuals
-    low = np.asarray(predicted, dtype=float) * np.exp(min(r.q10, 0.0) * w)
-    high = np.asarray(predicted, dtype=float) * np.exp(max(r.q90, 0.0) * w)
+    value = np.asarray(predicted, dtype=float)
+    low, high = value * np.exp(min(r.q10, 0.0) * w), value * np.exp(max(r.q90, 0.0) * w)
+    if extra is not None:
+        scale = params.widening(num_gpus, seq_len, gpu_name)
+        low = np.minimum(low, value * np.exp(min(extra.q10, 0.0) * scale))
+        high = np.maximum(high, value * np.exp(max(extra.q90, 0.0) * scale))
     return low, high
 
 

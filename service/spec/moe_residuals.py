@@ -1,0 +1,48 @@
+"""The out-of-sample residuals of the cost model's mixture-of-experts terms, for MoE plans' intervals.
+
+The parameter set is fit on dense runs; its residuals say how far dense predictions land. A MoE plan
+also runs code those runs never did (router, permutation, grouped GEMMs, the token exchange), and the
+published MoE runs kept outside the fit (benchmarks/moe_accuracy.py, written to
+service/catalog/checks/moe_runs.yaml with the shipped set) say how far the MoE predictions land: their
+log residuals log(measured / predicted) give a MoE plan's 80 % interval beside the dense one
+(`interval_bounds(..., extra=moe_residuals())`, the wider of the two on each side).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from service.spec.params import FitRun, Residuals
+
+MOE_CHECKS_PATH = Path(__file__).resolve().parents[1] / "catalog" / "checks" / "moe_runs.yaml"
+
+
+@cache
+def moe_residuals(exclude_source: str | None = None, path: Path = MOE_CHECKS_PATH) -> Residuals | None:
+    """q10 / q90 of the published MoE runs' log residuals (none when the file is absent or holds fewer
+    than five runs); `exclude_source` leaves one source's runs out, to score the interval on them."""
+    if not path.is_file():
+        return None
+    runs = [FitRun.model_validate(r) for r in yaml.safe_load(path.read_text())["runs"]]
+    logs = sorted(-math.log1p(r.error) for r in runs if r.source != exclude_source)
+    if len(logs) < 5:
+        return None
+    sources = sorted({r.source for r in runs if r.source != exclude_source})
+    return Residuals(
+        n=len(logs),
+        q10=_quantile(logs, 0.10),
+        q90=_quantile(logs, 0.90),
+        method=f"published MoE runs kept outside the fit ({', '.join(sources)})",
+    )
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile of sorted `values`, linearly interpolated (numpy's default)."""
+    position = q * (len(values) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(values) - 1)
+    return values[below] + (values[above] - values[below]) * (position - below)
