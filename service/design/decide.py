@@ -19,6 +19,8 @@ import numpy as np
 from service.costmodel.result import EstimateTable
 from service.plans.enumerate import DEFAULT_MAX_MICRO_BATCH, Enumeration
 from service.plans.select import Selection
+from service.report.decision_records import OtherEngines
+from service.spec.experiment import ExperimentSpec
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams
@@ -62,8 +64,9 @@ def score(
     precision: str = "bf16",
     enumeration: Enumeration | None = None,
     quantized_collectives: bool = False,
+    engines: tuple[Engine, ...] = LAUNCHED_ENGINES,
 ) -> Scored:
-    """`planner.rank_plans` with goodput, over the engines `run` launches, for one cluster."""
+    """`planner.rank_plans` with goodput, over `engines` (those `run` launches), for one cluster."""
     from service.planner import rank_plans
 
     ranking = rank_plans(
@@ -74,7 +77,7 @@ def score(
         max_micro_batch,
         precision,  # type: ignore[arg-type]
         params,
-        LAUNCHED_ENGINES,
+        engines,
         quantized_collectives,
         goodput=goodput,
         enumeration=enumeration,
@@ -120,3 +123,35 @@ def best_cluster(scored: list[Scored], objective: str) -> int | None:
         if v < value:
             best, value = i, v
     return best
+
+
+def other_engines(
+    spec: ExperimentSpec, params: ModelParams, cluster: ClusterSpec, chosen_tokens_per_s: float | None
+) -> OtherEngines | None:
+    """The best plan of the engines the experiment lists beyond those `run` launches, ranked the same
+    way (goodput, budget), for the memo to name beside the choice; None when it lists no others."""
+    others = tuple(e for e in spec.engines if e not in LAUNCHED_ENGINES)
+    if not others:
+        return None
+    s = score(
+        spec.model,
+        cluster,
+        spec.workload,
+        spec.budget,
+        params,
+        spec.goodput,
+        quantized_collectives=spec.quantized_collectives,
+        engines=others,
+    )
+    row = s.selection.selected
+    if row is None:
+        return OtherEngines(engines=list(others), label=None)
+    tokens = float(s.est.tokens_per_s[row])
+    return OtherEngines(
+        engines=list(others),
+        label=s.plans.row(row).short(),
+        tokens_per_s=tokens,
+        hours=float(s.est.hours[row]),
+        dollars=float(s.est.dollars[row]),
+        over_chosen=tokens / chosen_tokens_per_s if chosen_tokens_per_s else None,
+    )

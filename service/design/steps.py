@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from service.design import calibration as cal
-from service.design.decide import Scored, best_cluster, score
+from service.design.decide import Scored, best_cluster, other_engines, score
 from service.design.evidence import evidence, tie_group
 from service.design.experts import expert_parallelism
 from service.design.goodput import goodput_record
@@ -25,7 +25,7 @@ from service.design.rows import memo_rows
 from service.design.sensitivity import sensitivity
 from service.design.validate import Choice
 from service.plans.select import MEETS_BUDGET
-from service.report.decision_records import Alternative, Goodput, Sensitivity
+from service.report.decision_records import Alternative, Goodput, OtherEngines, Sensitivity
 from service.report.proxy_records import Calibration, ProxyDesign, ProxyValidation
 from service.report.result import (
     CALIBRATED,
@@ -85,6 +85,7 @@ class Decision:
     sensitivity: Sensitivity
     chosen: int | None
     rows: list[PlanRow]
+    other_engines: OtherEngines | None = None  # the listed engines `run` does not launch
 
     @property
     def main(self) -> Scored:
@@ -186,7 +187,10 @@ def decide(spec: ExperimentSpec, proxies: ProxyEvidence, fitted: Fitted, prior: 
         {c.plan.short() for c in proxies.choices},
         time_tag=time_provenance(proxies.on_gpu and calibrated, prior),  # no fit, no "calibrated"
     )
-    return Decision(scored, win, sens, chosen, rows)
+    chosen_row = rows[0] if rows and rows[0].status == "selected" else None
+    chosen_tokens = chosen_row.tokens_per_s.value if chosen_row else None
+    others = other_engines(spec, fitted.params, main.cluster, chosen_tokens)
+    return Decision(scored, win, sens, chosen, rows, others)
 
 
 def assemble(
@@ -210,6 +214,7 @@ def assemble(
         predicted=_predicted(selected),
         message=_message(main, selected, decision.sensitivity.note),
         binding_constraint=main.selection.binding,
+        other_engines=decision.other_engines,
         plans_ranked=len(main.est),
         rows=decision.rows,
         scatter=_scatter(main),

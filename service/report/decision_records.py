@@ -129,6 +129,20 @@ class ExpertParallelism(BaseModel):
     imbalance: list[ImbalanceCase]
 
 
+class OtherEngines(BaseModel):
+    """The model's best plan on the engines the experiment lists but `run` does not launch: a choice the
+    memo names without proving it on proxies."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engines: list[str]
+    label: str | None  # None: no plan of theirs meets the budget
+    tokens_per_s: float | None = None
+    hours: float | None = None
+    dollars: float | None = None
+    over_chosen: float | None = None  # its tokens/s over the chosen plan's
+
+
 class Alternative(BaseModel):
     model_config = ConfigDict(frozen=True)
 

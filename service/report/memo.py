@@ -98,10 +98,33 @@ def decision(r: RunResult) -> list[Block]:
         f"{r.budget.memory_headroom:.0%} headroom)."
     )
     blocks: list[Block] = [("h2", "Decision"), ("p", text)]
+    blocks += _other_engines(r)
     blocks += goodput_blocks(r)
     budget = ", ".join(f"{k} {v}" for k, v in r.budget.model_dump().items() if v is not None)
     blocks.append(("p", f"Budget: {budget}. {r.plans_ranked:,} valid plans ranked. {r.message}"))
     return blocks
+
+
+def _other_engines(r: RunResult) -> list[Block]:
+    """The best plan of the listed engines `run` does not launch, named beside the choice."""
+    o = r.other_engines
+    if o is None:
+        return []
+    names = ", ".join(o.engines)
+    if o.label is None or o.tokens_per_s is None or o.hours is None or o.dollars is None:
+        none = f"**Other engines:** the experiment also lists {names}; no plan of theirs meets the budget."
+        return [("p", none)]
+    ratio = f", {o.over_chosen:.2f}× the chosen plan's" if o.over_chosen else ""
+    return [
+        (
+            "p",
+            f"**Other engines:** the experiment also lists {names}, which `run` neither proves on proxies "
+            f"nor launches. The model's best plan of theirs, **{o.label}**, would train at "
+            f"{fmt_tokens(o.tokens_per_s)} tokens/s{ratio}, in {fmt_hours(o.hours)} h for "
+            f"{fmt_dollars(o.dollars)}: unmeasured here, a preflight on the cluster is what would justify "
+            "switching to it.",
+        )
+    ]
 
 
 def _row_cells(row: PlanRow) -> list[str]:

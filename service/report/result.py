@@ -18,6 +18,7 @@ from service.report.decision_records import (
     Evidence,
     ExpertParallelism,
     Goodput,
+    OtherEngines,
     Sensitivity,
     TieGroup,
 )
@@ -217,6 +218,7 @@ class RunResult(BaseModel):
     evidence: Evidence | None = None
     experts: ExpertParallelism | None = None  # MoE models only
     alternatives: list[Alternative] = Field(default_factory=list)
+    other_engines: OtherEngines | None = None  # the best plan of listed engines `run` does not launch
     risks: list[str] = Field(default_factory=list)
     assumptions: list[Assumption] = Field(default_factory=list)
     ds_config: dict[str, Any] = Field(default_factory=dict)

@@ -47,6 +47,19 @@ def test_the_memo_has_the_expert_section(moe_run):
     assert f"experts split over ep {moe_run.experts.ep}" in text or moe_run.experts.ep == 1
 
 
+def test_the_memo_names_the_best_plan_of_the_engines_run_does_not_launch(moe_run):
+    """The experiment lists megatron and fsdp too: `run` chooses among DeepSpeed plans, and the memo's
+    Decision names the model's best of the others with its numbers against the choice."""
+    other = moe_run.other_engines
+    assert other is not None and other.engines == ["megatron", "fsdp"] and other.label is not None
+    assert not other.label.startswith("deepspeed") and other.tokens_per_s > 0
+    assert other.over_chosen == pytest.approx(other.tokens_per_s / moe_run.predicted.tokens_per_s.value)
+    text = (Path(moe_run.out_dir) / "memo.md").read_text()
+    decision = text.split("## Decision", 1)[1].split("\n## ", 1)[0]
+    assert "**Other engines:** the experiment also lists megatron, fsdp" in decision
+    assert other.label in decision and f"{other.over_chosen:.2f}× the chosen plan's" in decision
+
+
 MOE = "{num_experts: 4, experts_per_token: %s, expert_ffn_hidden_size: 128%s}"
 
 
