@@ -117,7 +117,7 @@ def calibrate(
     except ImportError as err:
         return prior, Calibration(status=f"not calibrated: {err}", prior=prior.summary(), source=source)
     if not runs:
-        why = "not calibrated: no proxy ran all its steps"
+        why = "not calibrated: no proxy ran all its steps" if trials else "not calibrated: no proxies ran"
         return prior, Calibration(status=why, prior=prior.summary(), source=source)
     names: tuple[str, ...] = MEMORY_PARAMS + (TIME_PARAMS if on_production_gpu else ())
     params = _fit(runs, prior, MEMORY_PARAMS)  # memory and time are fitted apart (different measurements)

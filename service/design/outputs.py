@@ -16,6 +16,7 @@ from typing import Any
 from service.report.result import RunResult
 from service.spec.experiment import ExperimentSpec
 from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
 
@@ -62,7 +63,12 @@ def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> st
 
 
 def write_launch_script(
-    path: Path, command: str, plan: Plan, cluster: ClusterSpec, deepspeed_command: str | None = None
+    path: Path,
+    command: str,
+    plan: Plan,
+    cluster: ClusterSpec,
+    deepspeed_command: str | None = None,
+    model: ModelSpec | None = None,
 ) -> Path:
     layout = (
         f"# train.py builds the plan's tp={plan.tp} / pp={plan.pp} / cp={plan.cp} layers and passes\n"
@@ -71,6 +77,7 @@ def write_launch_script(
         if plan.tp * plan.pp * plan.cp > 1
         else ""
     )
+    layout += _moe_layer_line(model, plan)
     alternative = (
         "# Or with your own training script (`hostfile` lists the nodes, 'host slots=8' per line; train.py\n"
         "# passes --deepspeed_config to deepspeed.initialize):\n"
@@ -127,3 +134,21 @@ def log_outputs(tracker: Any, key: str, result: RunResult, files: list[Path]) ->
 def dump_json(path: Path, data: Any) -> Path:
     path.write_text(json.dumps(data, indent=2, default=str))
     return path
+
+
+def _moe_layer_line(model: ModelSpec | None, plan: Plan) -> str:
+    """How train.py builds a MoE model's expert layers for this plan: DeepSpeed takes the expert layout
+    in each layer's constructor, not in ds_config.json (as service/train/moe.py builds them)."""
+    if model is None or model.moe is None:
+        return ""
+    moe = model.moe
+    router = (
+        f"drop_tokens=True, capacity_factor={moe.capacity_factor:g}"
+        if moe.router == "capacity"
+        else "drop_tokens=False (dropless)"
+    )
+    return (
+        f"# its MoE blocks are deepspeed.moe.layer.MoE(num_experts={moe.num_experts}, ep_size={plan.ep}, "
+        f"k={moe.experts_per_token},\n#   {router}, "
+        f"enable_expert_tensor_parallelism={plan.expert_tp > 1}): ds_config.json has no expert layout.\n"
+    )

@@ -10,54 +10,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from service.report.charts import draw_all
 from service.report.charts_data import CPU_SPEED_WHY, proxy_speed_unused, proxy_text
+from service.report.formats import fmt_dollars, fmt_gib, fmt_hours, fmt_tokens, tag, with_interval
 from service.report.memo_confidence import confidence_blocks
+from service.report.memo_experts import experts, other_engines
 from service.report.memo_goodput import goodput_blocks
 from service.report.memo_outputs import outputs
 from service.report.render import Block, to_html, to_markdown
 from service.report.result import (
-    CALIBRATED,
-    MEASURED,
-    PRIOR,
-    PUBLISHED,
     ClusterSummary,
-    Interval,
     PlanRow,
     RunResult,
 )
 from service.spec.plan import Plan
-from service.spec.units import GIB
-
-SHORT_TAG = {PRIOR: "prior", PUBLISHED: "published fit", CALIBRATED: "calibrated", MEASURED: "measured"}
-
-
-def tag(t: str) -> str:
-    return f"[{SHORT_TAG.get(t, t)}]"
-
-
-def fmt_tokens(x: float) -> str:
-    return f"{x:,.0f}"
-
-
-def fmt_hours(x: float) -> str:
-    return f"{x:,.2f}"
-
-
-def fmt_dollars(x: float) -> str:
-    return f"${x:,.0f}"
-
-
-def fmt_gib(x: float) -> str:
-    return f"{x / GIB:.1f}"
-
-
-def with_interval(iv: Interval, fmt: Any, unit: str = "") -> str:
-    if iv.low == iv.high:
-        return f"{fmt(iv.value)}{unit} (no interval) {tag(iv.tag)}"
-    return f"{fmt(iv.value)}{unit} (80 %: {fmt(iv.low)}–{fmt(iv.high)}{unit}) {tag(iv.tag)}"
 
 
 def _plan_words(p: Plan) -> str:
@@ -98,33 +65,11 @@ def decision(r: RunResult) -> list[Block]:
         f"{r.budget.memory_headroom:.0%} headroom)."
     )
     blocks: list[Block] = [("h2", "Decision"), ("p", text)]
-    blocks += _other_engines(r)
+    blocks += other_engines(r)
     blocks += goodput_blocks(r)
     budget = ", ".join(f"{k} {v}" for k, v in r.budget.model_dump().items() if v is not None)
     blocks.append(("p", f"Budget: {budget}. {r.plans_ranked:,} valid plans ranked. {r.message}"))
     return blocks
-
-
-def _other_engines(r: RunResult) -> list[Block]:
-    """The best plan of the listed engines `run` does not launch, named beside the choice."""
-    o = r.other_engines
-    if o is None:
-        return []
-    names = ", ".join(o.engines)
-    if o.label is None or o.tokens_per_s is None or o.hours is None or o.dollars is None:
-        none = f"**Other engines:** the experiment also lists {names}; no plan of theirs meets the budget."
-        return [("p", none)]
-    ratio = f", {o.over_chosen:.2f}× the chosen plan's" if o.over_chosen else ""
-    return [
-        (
-            "p",
-            f"**Other engines:** the experiment also lists {names}, which `run` neither proves on proxies "
-            f"nor launches. The model's best plan of theirs, **{o.label}**, would train at "
-            f"{fmt_tokens(o.tokens_per_s)} tokens/s{ratio}, in {fmt_hours(o.hours)} h for "
-            f"{fmt_dollars(o.dollars)}: unmeasured here, a preflight on the cluster is what would justify "
-            "switching to it.",
-        )
-    ]
 
 
 def _row_cells(row: PlanRow) -> list[str]:
@@ -199,9 +144,12 @@ def _mib(x: float | None) -> str:
 
 def proxies(r: RunResult) -> list[Block]:
     d = r.proxy_design
+    shape = f"Proxy shape: {d.why}. Time terms: {d.time_terms}."
+    if not d.choices:  # `run --no-proxies` (or max_proxies 0): the shape they would have, nothing measured
+        shape = f"**No proxies ran**: every number above is the model's. The proxies would be: {shape}"
     blocks: list[Block] = [
         ("h2", "Validation on proxies"),
-        ("p", f"Proxy shape: {d.why}. Time terms: {d.time_terms}."),
+        ("p", shape),
         ("p", "What these proxies identify:"),
         ("ul", list(d.identifies)),
         ("p", "What they cannot identify (left to the prior, and to the risks below):"),
@@ -349,36 +297,6 @@ def goodput(r: RunResult) -> list[Block]:
         ["goodput", f"{g.goodput:.1%}", g.rule],
     ]
     return [("h2", "Goodput"), ("table", ["", "value", "source / rule"], rows)]
-
-
-def experts(r: RunResult) -> list[Block]:
-    """Why this expert-parallel degree, what its all-to-all costs, how the choice moves with imbalance."""
-    x = r.experts
-    if x is None:
-        return []
-    layout = f"EP {x.ep}" + (f" with expert TP {x.expert_tp}" if x.expert_tp > 1 else "")
-    rows = [[str(f.ep), f.label, fmt_tokens(f.tokens_per_s), f"{f.all_to_all_share:.0%}"] for f in x.families]
-    cases = [
-        [
-            f"{c.imbalance:g}",
-            c.selected_label or "no plan meets the budget",
-            fmt_tokens(c.chosen_tokens_per_s),
-        ]
-        for c in x.imbalance
-    ]
-    return [
-        ("h2", "Expert parallelism"),
-        (
-            "p",
-            f"The choice splits each MoE block's experts {layout}; its dispatch and combine all-to-alls take "
-            f"{x.all_to_all_share:.0%} of the step after overlap. Router: {x.router}; the busiest expert "
-            f"is assumed {x.load_imbalance:g}× its balanced share. The best plan of each EP degree that "
-            "meets the budget:",
-        ),
-        ("table", ["EP", "best plan", "tokens/s", "all-to-all"], rows),
-        ("p", "The same plans re-scored at other load imbalances (the choice's own speed beside):"),
-        ("table", ["imbalance", "choice there", "this choice's tokens/s"], cases),
-    ]
 
 
 def blocks(r: RunResult) -> list[Block]:

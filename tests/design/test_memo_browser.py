@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.report.memo import fmt_dollars, fmt_gib, fmt_hours, fmt_tokens
+from service.report.formats import fmt_dollars, fmt_gib, fmt_hours, fmt_tokens
 
 pytestmark = pytest.mark.slow
 

@@ -84,3 +84,27 @@ def test_bad_moe_experiments_are_one_line_and_write_nothing(tmp_path, capsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert set(tmp_path.iterdir()) == before
+
+
+def test_a_run_without_proxies_says_so_and_the_launch_script_gives_the_expert_layout(moe_run):
+    text = (Path(moe_run.out_dir) / "memo.md").read_text()
+    assert "**No proxies ran**: every number above is the model's." in text
+    assert moe_run.calibration.status == "not calibrated: no proxies ran"
+    launch = (Path(moe_run.out_dir) / "launch.sh").read_text()
+    plan = moe_run.selected_plan
+    assert f"deepspeed.moe.layer.MoE(num_experts=128, ep_size={plan.ep}, k=8," in launch
+    assert "drop_tokens=False (dropless)" in launch
+
+
+def test_ep_families_faster_on_paper_than_the_choice_are_explained(moe_run):
+    chosen = moe_run.predicted.tokens_per_s.value
+    faster = [
+        f for f in moe_run.experts.families if f.tokens_per_s > chosen and f.label != moe_run.selected_label
+    ]
+    text = (Path(moe_run.out_dir) / "memo.md").read_text()
+    section = text.split("## Expert parallelism", 1)[1].split("\n## ", 1)[0]
+    if faster:
+        eps = ", ".join(str(f.ep) for f in faster)
+        assert f"The best plans of EP {eps} are faster on paper than the choice" in section
+    else:
+        assert "faster on paper" not in section

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.report.memo import fmt_dollars, fmt_gib, fmt_hours, fmt_tokens
+from service.report.formats import fmt_dollars, fmt_gib, fmt_hours, fmt_tokens
 from service.report.result import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
