@@ -302,6 +302,10 @@ BAD_FLAGS: dict[str, tuple[list[str], str]] = {
         "--inter-node-bandwidth",
     ),
     "tokens-huge": ([*EST, "--gpus", "8", "--tokens-to-train", "1e308"], "--tokens-to-train"),
+    "moe-imbalance-on-a-dense-model": (
+        [*EST, "--gpus", "8", "--moe-load-imbalance", "2"],
+        "--moe-load-imbalance",
+    ),
     "calibrate-profile-missing": (["calibrate", str(MEASUREMENTS), "--profile", "nope.yaml"], "nope.yaml"),
 }
 
@@ -333,3 +337,16 @@ def test_a_measured_value_that_is_not_finite_is_named(
     runs.write_text(header + rows)
     code, lines = _run(["calibrate", str(runs), "--no-crossval", "--json"], tmp_path, capsys)
     _one_line(code, lines, "measured.tokens_per_s_per_gpu")
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    """Spreadsheets save UTF-8 CSV with a byte-order mark; the first column is still `id`."""
+    from service.calibrate.runs import load_runs
+
+    header = "id,source,model,gpu,num_gpus,gpus_per_node,dp,tp,pp,zero_stage,micro_batch,grad_accum,"
+    header += "global_batch,seq_len,recompute,tokens_per_s_per_gpu\n"
+    row = "r1,a,llama2-7b,h100-sxm-80gb,8,8,8,1,1,1,2,2,32,4096,none,4500\n"
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text(header + row)
+    marked.write_bytes(b"\xef\xbb\xbf" + (header + row).encode())
+    assert [r.id for r in load_runs(marked)] == [r.id for r in load_runs(plain)] == ["r1"]

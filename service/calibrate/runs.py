@@ -349,7 +349,7 @@ CSV_INT_FIELDS += ("micro_batch", "grad_accum", "global_batch", "seq_len")
 
 def _csv_dataset(path: Path) -> dict[str, Any]:
     """A CSV runs file as the YAML format's dict (one source entry per distinct `source`)."""
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is no header
         rows = list(csv.DictReader(f))
     measurements = []
     for i, raw in enumerate(rows):

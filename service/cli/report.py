@@ -9,11 +9,12 @@ Prints where the memo is. Exit 2 when neither a run folder nor a known run id is
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
-from service.spec.errors import SpecError
+from service.spec.errors import SpecError, validate_as
 
 RESULT_FILE = "result.json"
 
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise SpecError("--out", f"{out} is a file, not a folder")
     try:
-        result = RunResult.load(path)
+        result = validate_as(RunResult, json.loads(Path(path).read_text()), str(path))
+    except SpecError:
+        raise
     except ValueError as err:
         raise SpecError("source", f"{path} is not a run result: {str(err).splitlines()[0]}") from None
     finally:

@@ -118,6 +118,8 @@ class PlanRequest(BaseModel):
         """(model, cluster, plan, workload), validated; `SpecError` naming this request's field."""
         self._check_ranges()
         model = self._model()
+        if model.moe is None and self.moe_load_imbalance is not None:
+            raise SpecError("moe_load_imbalance", f"{model.name} has no experts; allowed: MoE models only")
         cluster = self._cluster()
         values = self._plan_values()
         if self.gpus % (self.tp * self.pp * self.cp):
