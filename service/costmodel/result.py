@@ -72,7 +72,9 @@ class EstimateTable:
 
 
 class MemoryBreakdown(BaseModel):
-    """Bytes per GPU by term; `total` is their sum."""
+    """Bytes per GPU by term: `total` is the sum of params, grads, optimizer, activations, logits,
+    buffers and overhead. `cpu_offload` is host memory, not in `total`; `experts` is the routed experts'
+    share of params + grads + optimizer (already in them: do not add it again)."""
 
     model_config = ConfigDict(frozen=True)
 
