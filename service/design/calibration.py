@@ -35,13 +35,14 @@ MIN_ACTIVATION_ERROR = 0.05
 MIN_STATE_ERROR = 0.01
 PRIOR_ACTIVATION_ERROR = 0.25  # no proxy measured: the memo says the interval is a prior guess
 MEMORY_RULE = (
-    "memory total ± w·(e_act·activations + e_state·model state), e from leave-one-proxy-out errors "
-    f"(floors {MIN_ACTIVATION_ERROR:.0%} / {MIN_STATE_ERROR:.0%}), w = 1 + 0.25·(width + sequence "
+    "memory total ± w·(e_act·(activations + logits) + e_state·model state), e from leave-one-proxy-out "
+    f"errors (floors {MIN_ACTIVATION_ERROR:.0%} / {MIN_STATE_ERROR:.0%}), w = 1 + 0.25·(width + sequence "
     "doublings) + 0.125·(layer + GPU doublings) + 0.5 for another device type"
 )
 NO_PROXY_RULE = (
-    f"no proxy measured: memory total ± {PRIOR_ACTIVATION_ERROR:.0%}·(activations + model state), the "
-    "analytical model's prior error, not widened (there is no proxy to extrapolate from)"
+    f"no proxy measured: memory total ± {PRIOR_ACTIVATION_ERROR:.0%}·(activations + logits + model state), "
+    "the analytical model's prior error (a band, not a measured 80 % interval), not widened (there is no "
+    "proxy to extrapolate from)"
 )
 
 

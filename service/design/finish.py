@@ -223,7 +223,9 @@ def finish(
         # `service train` runs the experiment's own cluster: offered when that cluster was chosen.
         same_cluster = main.cluster == spec.cluster and experiment_path is not None
         command = ray_job_command(experiment_path, plan) if same_cluster else deepspeed  # type: ignore[arg-type]
-        write_launch_script(folder / "launch.sh", command, plan, main.cluster, deepspeed, spec.model)
+        write_launch_script(
+            folder / "launch.sh", command, plan, main.cluster, deepspeed, spec.model, train_job=same_cluster
+        )
         updates.update(
             ds_config=ds, ds_config_path=str(ds_path), launch_command=command, deepspeed_command=deepspeed
         )

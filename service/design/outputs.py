@@ -62,6 +62,23 @@ def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> st
     return shlex.join(args)
 
 
+# `service train` without --weights trains the plan from random initialisation on the experiment's
+# proxy.data tokens (a proof of layout, memory and speed): the script runs that only when asked to.
+TRAIN_JOB_GUARD = """\
+# Fine-tune: WEIGHTS=/path/to/hf-checkpoint DATA='/path/to/train-*.jsonl' ./launch.sh
+# Smoke test of the layout from random initialisation instead: SMOKE_TEST=1 [STEPS=20] ./launch.sh
+if [[ -n "${WEIGHTS:-}" ]]; then
+  : "${DATA:?set DATA to your training files (JSON lines, Parquet or Arrow)}"
+  extra=(--weights "$WEIGHTS" --data "$DATA")
+elif [[ "${SMOKE_TEST:-}" == 1 ]]; then
+  extra=(--steps "${STEPS:-20}")
+else
+  echo "launch.sh: set WEIGHTS and DATA to fine-tune your checkpoint, or SMOKE_TEST=1 for a short run" >&2
+  exit 2
+fi
+"""
+
+
 def write_launch_script(
     path: Path,
     command: str,
@@ -69,7 +86,11 @@ def write_launch_script(
     cluster: ClusterSpec,
     deepspeed_command: str | None = None,
     model: ModelSpec | None = None,
+    train_job: bool = False,
 ) -> Path:
+    """`launch.sh`: `command` from the folder `run` ran in; a `service train` job (`train_job`) asks for
+    the checkpoint and data to fine-tune (`TRAIN_JOB_GUARD`) rather than spend the run's budget training
+    from random initialisation."""
     layout = (
         f"# train.py builds the plan's tp={plan.tp} / pp={plan.pp} / cp={plan.cp} layers and passes\n"
         "# their groups (an `mpu`, or a PipelineModule) to deepspeed.initialize:\n"
@@ -86,12 +107,17 @@ def write_launch_script(
         if deepspeed_command
         else ""
     )
+    body = f"{command}\n"
+    if train_job:
+        body = TRAIN_JOB_GUARD + f'{command} "${{extra[@]}}"\n'
     path.write_text(
         "#!/usr/bin/env bash\n"
         f"# {plan.short()} on {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}.\n"
         f"{alternative}"
         "set -euo pipefail\n"
-        f"{command}\n"
+        # The experiment's path and `submit`'s working directory are relative to where `run` ran.
+        f"cd {shlex.quote(str(Path.cwd()))}\n"
+        f"{body}"
     )
     path.chmod(0o755)
     return path

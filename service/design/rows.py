@@ -17,8 +17,8 @@ STATE_TERMS = ("params", "grads", "optimizer")
 
 
 def memory_spread_bytes(s: Scored, memory_errors: tuple[float, float], widening: float) -> np.ndarray:
-    """Half-width of every plan's memory interval: widening × (e_act · activations + e_state · model
-    state), the rule the memo states under Extrapolation distance (service/design/calibration.py)."""
+    """Half-width of every plan's memory interval: widening × (e_act · (activations + logits) + e_state ·
+    model state), the rule the memo states under Extrapolation distance (service/design/calibration.py)."""
     est = s.est
     e_act, e_state = memory_errors
     act = est.activations_bytes + est.logits_bytes

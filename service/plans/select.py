@@ -156,7 +156,8 @@ def _tie_note(
     label = plans.row(chosen).short()
     size = (
         f"{len(group)} plans lie within the model's resolution of the best {objective} "
-        f"(±{np.expm1(resolution):.1%}: the offset-free scatter of its out-of-sample errors), so the model "
+        f"(±{np.expm1(resolution):.1%}: how far two runs of one software stack are mispredicted relative "
+        "to each other, the spread of its out-of-sample errors about each source's own bias), so the model "
         "cannot order them"
         if resolution > 0
         else f"{len(group)} plans tie exactly"

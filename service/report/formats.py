@@ -30,7 +30,9 @@ def fmt_gib(x: float) -> str:
     return f"{x / GIB:.1f}"
 
 
-def with_interval(iv: Interval, fmt: Any, unit: str = "") -> str:
+def with_interval(iv: Interval, fmt: Any, unit: str = "", label: str = "80 %") -> str:
+    """`value (label: low–high) [tag]`: `label` "80 %" for an interval checked out of sample, "range" for
+    a rule's band (memory: the rule under Extrapolation distance)."""
     if iv.low == iv.high:
         return f"{fmt(iv.value)}{unit} (no interval) {tag(iv.tag)}"
-    return f"{fmt(iv.value)}{unit} (80 %: {fmt(iv.low)}–{fmt(iv.high)}{unit}) {tag(iv.tag)}"
+    return f"{fmt(iv.value)}{unit} ({label}: {fmt(iv.low)}–{fmt(iv.high)}{unit}) {tag(iv.tag)}"

@@ -60,7 +60,7 @@ def decision(r: RunResult) -> list[Block]:
         f"{_plan_words(sel.plan)}. It trains at {with_interval(sel.tokens_per_s, fmt_tokens, ' tokens/s')}, "
         f"taking {with_interval(sel.hours, fmt_hours, ' h')} and costing "
         f"{with_interval(sel.dollars, fmt_dollars)} with interruptions, checkpoints and restarts included. "
-        f"Memory per GPU is {with_interval(mem, fmt_gib, ' GiB')} against a limit of "
+        f"Memory per GPU is {with_interval(mem, fmt_gib, ' GiB', 'range')} against a limit of "
         f"{fmt_gib(sel.memory_limit_bytes)} GiB ({c.hbm_gib:g} GiB HBM less "
         f"{r.budget.memory_headroom:.0%} headroom)."
     )
@@ -68,7 +68,8 @@ def decision(r: RunResult) -> list[Block]:
     blocks += other_engines(r)
     blocks += goodput_blocks(r)
     budget = ", ".join(f"{k} {v}" for k, v in r.budget.model_dump().items() if v is not None)
-    blocks.append(("p", f"Budget: {budget}. {r.plans_ranked:,} valid plans ranked. {r.message}"))
+    message = r.message if r.message.endswith(".") else f"{r.message}."
+    blocks.append(("p", f"Budget: {budget}. {r.plans_ranked:,} valid plans ranked. {message}"))
     return blocks
 
 
@@ -95,7 +96,7 @@ def alternatives(r: RunResult) -> list[Block]:
         "tokens/s",
         "hours",
         "dollars",
-        "GiB/GPU (80 %)",
+        "GiB/GPU (range)",
         "proxy ran",
         "families",
     ]
@@ -146,7 +147,10 @@ def proxies(r: RunResult) -> list[Block]:
     d = r.proxy_design
     shape = f"Proxy shape: {d.why}. Time terms: {d.time_terms}."
     if not d.choices:  # `run --no-proxies` (or max_proxies 0): the shape they would have, nothing measured
-        shape = f"**No proxies ran**: every number above is the model's. The proxies would be: {shape}"
+        shape = (
+            "**No proxies ran**: every number above is the model's. On this machine `run` would shape "
+            f"them so: {d.why}."
+        )
     blocks: list[Block] = [
         ("h2", "Validation on proxies"),
         ("p", shape),
@@ -280,7 +284,8 @@ def goodput(r: RunResult) -> list[Block]:
         [
             "checkpoint interval",
             f"{g.checkpoint_interval_hours:.2f} h",
-            f"Young/Daly {g.young_daly_interval_hours:.1f} h, capped at the run",
+            f"Young/Daly {g.young_daly_interval_hours:.1f} h"
+            + (", capped at the run" if g.checkpoint_interval_hours < g.young_daly_interval_hours else ""),
         ],
         ["restart", f"{g.restart_minutes:g} min", "assumption"],
         [

@@ -31,12 +31,13 @@ def outputs(r: RunResult) -> list[Block]:
     launch = f"launch: `{r.launch_command}`"
     if r.launch_command and "service train" in r.launch_command:
         launch += (
-            " — add `--weights DIR --data FILES` to fine-tune your own Hugging Face checkpoint on your "
+            " — with `--weights DIR --data FILES` it fine-tunes your own Hugging Face checkpoint on your "
             "data (JSON lines, Parquet or Arrow; plans without pipeline or context parallelism), "
             "with an evaluation split and the trained weights exported in Hugging Face format; without "
-            "them it runs this plan from random initialisation on the experiment's `proxy.data` tokens, "
-            "to prove the layout, memory and speed. It checkpoints at Young's interval and after the last "
-            "step"
+            "them it trains this plan from random initialisation on the experiment's `proxy.data` tokens, "
+            "to prove the layout, memory and speed. `launch.sh` submits it with `WEIGHTS=... DATA=...` set, "
+            "or `SMOKE_TEST=1` for a 20-step proof, and refuses with neither. "
+            "It checkpoints at Young's interval and after the last step"
         )
     items = [f"DeepSpeed config (full scale): {r.ds_config_path}", launch]
     if r.launch_command and " service train " in r.launch_command:
