@@ -151,6 +151,7 @@ def sensitivity(
             nominal_status=s.selection.status_name(chosen),
             nominal_regret=float(r[chosen]) if chosen is not None else float("nan"),
             objective_value=_best_value(s, objective),
+            nominal_value=None if chosen is None else abs(float(s.objective(objective)[chosen])),
         )
         for lever, s, r in runs
     ]

@@ -51,7 +51,8 @@ class Scenario(BaseModel):
     selected_label: str | None
     nominal_status: str  # the nominal choice's status in this scenario
     nominal_regret: float  # how much worse the nominal choice is than this scenario's best (fraction)
-    objective_value: float | None  # the scenario's best, in the objective's unit
+    objective_value: float | None  # the scenario's choice's, in the objective's unit
+    nominal_value: float | None = None  # the nominal choice's in this scenario, in the objective's unit
 
 
 class Sensitivity(BaseModel):

@@ -69,6 +69,7 @@ def sensitivity(r: RunResult) -> list[Block]:
             sc.selected_label or "none",
             sc.nominal_status,
             "-" if math.isnan(sc.nominal_regret) else _regret(sc.nominal_regret),
+            f"{sc.nominal_value:,.0f}" if sc.nominal_value is not None else "-",
             f"{sc.objective_value:,.0f}" if sc.objective_value is not None else "-",
         ]
         for sc in s.scenarios
@@ -82,7 +83,14 @@ def sensitivity(r: RunResult) -> list[Block]:
         ),
         (
             "table",
-            ["scenario", "its choice", "our choice's status", "ours behind its best", f"its choice's {unit}"],
+            [
+                "scenario",
+                "its choice",
+                "our choice's status",
+                "ours behind its best",
+                f"our choice's {unit}",
+                f"its choice's {unit}",
+            ],
             rows,
         ),
         ("p", f"{s.note[:1].upper()}{s.note[1:]}."),
