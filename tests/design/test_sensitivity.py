@@ -37,6 +37,13 @@ def test_the_seeds_scenarios_are_the_levers_that_reorder_plans(seed):  # type: i
     ]
     # At least one scenario changes the best plan: on 800 Gb/s per node another layout wins.
     assert any(sc.selected_label != sens.chosen_label for sc in sens.scenarios)
+    # Each scenario gives what the choice itself costs there: at or above that scenario's choice, by the
+    # regret it states, and the slower network costs the choice more than the faster one.
+    for sc in sens.scenarios:
+        assert sc.nominal_value is not None and sc.objective_value is not None
+        assert sc.nominal_value >= sc.objective_value * (1 - 1e-9)
+    slow, fast = sens.scenarios[0], sens.scenarios[1]
+    assert slow.nominal_value > fast.nominal_value
     assert "network 12.5 GB/s per GPU (0.8 Tb/s per node)" in sens.flips
 
 
