@@ -24,7 +24,8 @@ def _paragraph(g: Goodput) -> str:
 def _rate(g: Goodput) -> str:
     gpus = f" on {g.num_gpus:,} GPUs" if g.num_gpus else ""
     return (
-        f"Interruption rate {g.interruptions_per_gpu_hour:.3g} per GPU-hour{gpus}: {g.interruption_source}."
+        f"Interruption rate {g.interruptions_per_gpu_hour:.3g} per GPU-hour{gpus} (its source: the Goodput "
+        "table below); set `goodput.interruptions_per_gpu_hour` to your cluster's own."
     )
 
 
