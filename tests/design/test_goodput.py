@@ -94,7 +94,8 @@ def test_memo_shows_the_interval_the_rate_with_its_source_and_the_table() -> Non
     blocks = goodput_blocks(_result(g.model_dump(mode="json")))
     text = " ".join(b[1] for b in blocks if b[0] == "p")
     assert f"Checkpoint every **{g.checkpoint_interval_hours:.2f} h**" in text
-    assert f"{g.interruptions_per_gpu_hour:.3g} per GPU-hour on 32 GPUs" in text and "Kokolis" in text
+    assert f"{g.interruptions_per_gpu_hour:.3g} per GPU-hour on 32 GPUs" in text
+    assert "its source: the Goodput table below" in text and "Kokolis" not in text  # said once, there
     tables = [b for b in blocks if b[0] == "table"]
     assert len(tables) == 1
     rows = tables[0][2]
