@@ -24,6 +24,7 @@ chosen plan would break the budget.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -44,6 +45,7 @@ MEMORY_SCALE = 1.15
 OFFLOAD_SLOWDOWN = 2.0
 # Where the choice would flip: bandwidths tried below the cluster's own, per GPU (GB/s).
 FLIP_SEARCH_GB_PER_S = (100.0, 50.0, 25.0, 12.5, 6.25, 3.125, 1.5625)
+FLIP_REFINE_STEPS = 4  # bisections of the halving step that flips: the flip point to within ~5 %
 
 
 @dataclass(frozen=True)
@@ -244,11 +246,25 @@ def _flip_line(
     resolution = nominal.selection.resolution
     if cluster.num_nodes > 1:
         own = cluster.gpu.inter_node_bandwidth_gb_per_s
-        for bw in (b for b in FLIP_SEARCH_GB_PER_S if b < own):
+
+        def regret_at(bw: float) -> tuple[Scored, np.ndarray]:
             lever = Lever("", with_network(cluster, bw), params, budget)
             s = _score(nominal, lever, model, workload, goodput, precision)
-            r = scenario_regret(s, budget.objective)
+            return s, scenario_regret(s, budget.objective)
+
+        above = own
+        for bw in (b for b in FLIP_SEARCH_GB_PER_S if b < own):
+            s, r = regret_at(bw)
             if r[chosen] > resolution:
+                # Bisect (geometrically) between the halving grid's last kept and first flipped bandwidth.
+                low, high = bw, above
+                for _ in range(FLIP_REFINE_STEPS):
+                    mid = math.sqrt(low * high)
+                    s_mid, r_mid = regret_at(mid)
+                    if r_mid[chosen] > resolution:
+                        low, s, r = mid, s_mid, r_mid
+                    else:
+                        high = mid
                 best = s.selection.selected
                 then = (
                     f"{nominal.plans.row(best).short()} becomes the choice"
@@ -256,8 +272,12 @@ def _flip_line(
                     else ("no plan meets the budget")
                 )
                 behind = "misses the budget" if not np.isfinite(r[chosen]) else f"is {r[chosen]:.0%} behind"
-                parts.append(f"at {bw:g} GB/s per GPU between nodes (of {own:g} assumed) it {behind}: {then}")
+                parts.append(
+                    f"it flips below about {high:.3g} GB/s per GPU between nodes (of {own:g} assumed): at "
+                    f"{low:.3g} it {behind} and {then}"
+                )
                 break
+            above = bw
         else:
             lowest = FLIP_SEARCH_GB_PER_S[-1]
             parts.append(f"no inter-node bandwidth down to {lowest:g} GB/s per GPU changes it")
