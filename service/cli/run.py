@@ -33,23 +33,24 @@ def summary(result: Any) -> str:
     lines = [result.message]
     p = result.predicted
     if p is not None:
-        for v, label, unit, scale in (
-            (p.tokens_per_s, "throughput", "tokens/s", 1.0),
-            (p.hours, "time", "h", 1.0),
-            (p.dollars, "cost", "$", 1.0),
-            (p.memory_per_gpu_bytes, "memory per GPU", "GiB", 2.0**30),
+        # Memory's band is the rule under the memo's Extrapolation distance, not a checked 80 % interval.
+        for v, label, unit, scale, band in (
+            (p.tokens_per_s, "throughput", "tokens/s", 1.0, "80 %"),
+            (p.hours, "time", "h", 1.0, "80 %"),
+            (p.dollars, "cost", "$", 1.0, "80 %"),
+            (p.memory_per_gpu_bytes, "memory per GPU", "GiB", 2.0**30, "range"),
         ):
             lo, hi = v.interval
             lines.append(
                 f"  {label:<22} {v.value / scale:>12,.2f} {unit:<9} "
-                f"80 %: {lo / scale:,.2f}–{hi / scale:,.2f} [{v.tag}]"
+                f"{band}: {lo / scale:,.2f}–{hi / scale:,.2f} [{v.tag}]"
             )
     fallback = result.memory_fallback
     if fallback is not None:
         mem = fallback.memory_per_gpu_bytes
         lines.append(
             f"  plan B if memory runs out: {fallback.label}, {mem.value / 2.0**30:.1f} GiB "
-            f"(80 %: {mem.low / 2.0**30:.1f}–{mem.high / 2.0**30:.1f}), {fallback.hours.value:.2f} h, "
+            f"(range {mem.low / 2.0**30:.1f}–{mem.high / 2.0**30:.1f}), {fallback.hours.value:.2f} h, "
             f"${fallback.dollars.value:,.0f}"
         )
     err = result.proxy_validation_error.activation_bytes_per_rank
