@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -84,6 +84,9 @@ MAX_GPUS = 2**20
 MIN_LINK_GB_PER_S = 0.01
 MAX_LINK_GB_PER_S = 10_000.0
 MAX_PRICE_PER_GPU_HOUR_USD = 10_000.0
+# The override types, shared by the experiment's cluster and `estimate`'s flags (spec/request.py).
+PriceOverride = Annotated[float, Field(ge=0, le=MAX_PRICE_PER_GPU_HOUR_USD, allow_inf_nan=False)]
+LinkOverride = Annotated[float, Field(ge=MIN_LINK_GB_PER_S, le=MAX_LINK_GB_PER_S, allow_inf_nan=False)]
 
 
 class ClusterSpec(BaseModel):
@@ -99,18 +102,11 @@ class ClusterSpec(BaseModel):
     gpu: GPUSpec = Field(description="GPU catalog name (see `python -m service catalog`) or inline spec.")
     num_nodes: int = Field(1, gt=0, le=MAX_GPUS, description="Nodes.")
     gpus_per_node: int = Field(8, gt=0, le=MAX_GPUS, description="GPUs per node.")
-    price_per_gpu_hour_usd: float | None = Field(
-        None,
-        ge=0,
-        le=MAX_PRICE_PER_GPU_HOUR_USD,
-        allow_inf_nan=False,
-        description="Overrides the catalog's price per GPU-hour (USD).",
+    price_per_gpu_hour_usd: PriceOverride | None = Field(
+        None, description="Overrides the catalog's price per GPU-hour (USD)."
     )
-    inter_node_bandwidth_gb_per_s: float | None = Field(
+    inter_node_bandwidth_gb_per_s: LinkOverride | None = Field(
         None,
-        ge=MIN_LINK_GB_PER_S,
-        le=MAX_LINK_GB_PER_S,
-        allow_inf_nan=False,
         description="Overrides the catalog's network line rate per GPU between nodes (GB/s): the catalog "
         "assumes one 400 Gb/s NIC per H100 (50); a node with 800 Gb/s for its 8 GPUs is 12.5. Applied when "
         "the spec is validated (construct or model_validate it; model_copy(update=...) skips that).",

@@ -22,13 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.spec.engine import Engine
 from service.spec.errors import SpecError, validate_as
-from service.spec.hardware import (
-    MAX_GPUS,
-    MAX_LINK_GB_PER_S,
-    MAX_PRICE_PER_GPU_HOUR_USD,
-    MIN_LINK_GB_PER_S,
-    ClusterSpec,
-)
+from service.spec.hardware import MAX_GPUS, ClusterSpec, LinkOverride, PriceOverride
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan, Precision, Recompute, ZeroStage, allowed_values, plan_problem
 from service.spec.workload import (
@@ -61,20 +55,8 @@ class PlanRequest(BaseModel):
     gpu: str = Field(description="Catalog GPU name.")
     gpus: int = Field(gt=0, description="Total GPUs: a whole number of nodes, or fewer than one node.")
     gpus_per_node: int = Field(8, gt=0)
-    price_per_gpu_hour: float | None = Field(
-        None,
-        ge=0,
-        le=MAX_PRICE_PER_GPU_HOUR_USD,
-        allow_inf_nan=False,
-        description="USD; default: the GPU's catalog price.",
-    )
-    inter_node_bandwidth: float | None = Field(
-        None,
-        ge=MIN_LINK_GB_PER_S,
-        le=MAX_LINK_GB_PER_S,
-        allow_inf_nan=False,
-        description="GB/s per GPU; default: the catalog's.",
-    )
+    price_per_gpu_hour: PriceOverride | None = Field(None, description="USD; default: the catalog's price.")
+    inter_node_bandwidth: LinkOverride | None = Field(None, description="GB/s per GPU; default: catalog")
     # the layout
     tp: int = Field(1, gt=0)
     pp: int = Field(1, gt=0)
