@@ -26,7 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("experiment", help="Experiment YAML.")
     a("--plan", default="selected", help="'selected' (default) or a plan label.")
     a("--steps", type=positive_int, help="Optimizer steps of the run (default: warm-up steps + 3).")
-    a("--out", metavar="DIR", help="Output folder (default: ray_results/preflight/<experiment>).")
+    a(
+        "--out",
+        metavar="DIR",
+        help="Output folder (default: $SERVICE_STORAGE_PATH/preflight/<experiment> when that is set, "
+        "else ray_results/preflight/<experiment>).",
+    )
     a("--storage-path", help="The cluster's shared storage for checkpoints and the step log.")
     a("--params", default=None, help="Parameter set for the estimate and bus efficiencies.")
     a("--min-tokens-per-s", type=finite_float, help="Tokens/s floor (default: the 80 %% interval's low end).")

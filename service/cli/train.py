@@ -33,7 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("experiment", help="Experiment YAML.")
     parser.add_argument("--plan", default="selected", help="'selected' (default) or a plan label.")
     parser.add_argument("--steps", type=int, help="Optimizer steps (default: the workload's).")
-    parser.add_argument("--storage-path", help="Checkpoints and step log (the cluster's shared storage).")
+    parser.add_argument(
+        "--storage-path",
+        help="Checkpoints and step log, a shared folder (default: $SERVICE_STORAGE_PATH/production when that "
+        "is set, else ray_results/production).",
+    )
     parser.add_argument(
         "--checkpoint-every",
         type=positive_int,

@@ -31,8 +31,10 @@ from service.spec.errors import SpecError
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "SERVICE_SEARCH_DIR", "SERVICE_STORAGE_PATH")
 # Local state that must not travel with the working dir (and would only be lost on the head).
+# `.env`: a developer's secrets must not travel with the job's working dir to the cluster's storage.
 EXCLUDES = [".git", "mlflow.db", "mlartifacts", "mlruns", "ray_results", ".whl", "**/__pycache__",
-            ".mypy_cache", ".ruff_cache", ".pytest_cache", "benchmarks/results"]  # fmt: skip
+            ".mypy_cache", ".ruff_cache", ".pytest_cache", ".benchmarks", "benchmarks/results",
+            ".env"]  # fmt: skip
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # The head's job API answers 500 with this text when no job agent has registered within its own 10 s
 # wait (ray/dashboard/modules/job/job_head.py, WAIT_AVAILABLE_AGENT_TIMEOUT): a head that has just
