@@ -129,10 +129,6 @@ BAD_EXPERIMENTS: dict[str, tuple[dict[str, Any], str]] = {
     "engines-string": ({"engines": "deepspeed"}, "engines"),
     "optimizer-lr-negative": ({"optimizer": {"lr": -1}}, "optimizer.lr"),
     "tracking-list": ({"tracking": [1, 2]}, "tracking"),
-    "tracking-experiment-traversal": (
-        {"tracking.experiment_name": "../../escaped"},
-        "tracking.experiment_name",
-    ),
     "tracking-experiment-empty": ({"tracking.experiment_name": ""}, "tracking.experiment_name"),
     "price-huge": ({"cluster.price_per_gpu_hour_usd": 1e308}, "cluster.price_per_gpu_hour_usd"),
     "bandwidth-huge": (

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.spec.names import name_problem
-
 
 class TrackingSpec(BaseModel):
     """MLflow settings; `MLFLOW_TRACKING_URI` in the environment wins over `uri`.
@@ -38,10 +36,9 @@ class TrackingSpec(BaseModel):
 
     @field_validator("experiment_name")
     @classmethod
-    def _plain_name(cls, value: str | None) -> str | None:
-        # A sqlite store keeps a new experiment's artifacts in mlartifacts/<experiment_name>: a path
-        # there would write outside it.
-        problem = None if value is None else name_problem(value)
-        if problem:
-            raise ValueError(problem)
+    def _named(cls, value: str | None) -> str | None:
+        # Any MLflow name ("/Users/me/exp" on Databricks) but an empty one; its artifact folder is made
+        # safe where it is joined to the root (TrackingTarget.experiment_location).
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty; leave it out for the experiment's name")
         return value

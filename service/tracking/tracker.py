@@ -224,8 +224,7 @@ class Tracker:
         if name not in self._experiment_ids:
             exp = self._client.get_experiment_by_name(name)
             if exp is None:
-                root = self.target.artifact_location
-                location = f"{root.rstrip('/')}/{name}" if root else None  # one folder per experiment
+                location = self.target.experiment_location(name)  # one folder per experiment
                 # The MLflow UI opens training experiments on their runs table (not the GenAI view).
                 tags = {"mlflow.experimentKind": "custom_model_development"}
                 exp_id = str(self._client.create_experiment(name, location, tags=tags))

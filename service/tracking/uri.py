@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.spec.names import name_problem
 from service.spec.tracking import TrackingSpec
 
 
@@ -49,6 +51,18 @@ class TrackingTarget:
     experiment_name: str
     artifact_location: str | None
     buffer_dir: Path
+
+    def experiment_location(self, name: str) -> str | None:
+        """Where a new MLflow experiment `name` keeps its artifacts: a folder of its own under the
+        artifact root (None: the server's default). A name that is not a plain folder name (MLflow takes
+        "/Users/me/exp", and "../x" would climb out of the root) gets a slug of it and a short hash."""
+        if not self.artifact_location:
+            return None
+        folder = name
+        if name_problem(name) is not None:
+            slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:64] or "experiment"
+            folder = f"{slug}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+        return f"{self.artifact_location.rstrip('/')}/{folder}"
 
     @property
     def buffer_file(self) -> Path:

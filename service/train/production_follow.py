@@ -82,7 +82,7 @@ class ProductionMlflowRun:
         self.client = mlflow.MlflowClient(tracking_uri=target.uri)
         exp = self.client.get_experiment_by_name(target.experiment_name)
         exp_id = exp.experiment_id if exp else self.client.create_experiment(
-            target.experiment_name, artifact_location=target.artifact_location
+            target.experiment_name, artifact_location=target.experiment_location(target.experiment_name)
         )  # fmt: skip
         tags = {"service.kind": "production", **tags}
         run = self.client.create_run(exp_id, run_name=run_name, tags=tags)

@@ -1,0 +1,42 @@
+"""A new MLflow experiment's artifact folder stays under the artifact root whatever its name: MLflow
+takes any name ("/Users/me/exp" on Databricks), and a name joined to the root as it is could climb out
+of it ("../../x")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.spec import SpecError
+from service.spec.tracking import TrackingSpec
+from service.tracking.uri import TrackingTarget, resolve
+
+ROOT = "file:///srv/mlartifacts"
+
+
+def _target(root: str | None = ROOT) -> TrackingTarget:
+    return TrackingTarget("sqlite:////srv/mlflow.db", "x", root, Path("/tmp/pending"))
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/Users/me@x.com/llama", "a/b", ".hidden", "x" * 300])
+def test_a_name_that_is_no_plain_folder_gets_a_folder_of_its_own_under_the_root(name: str) -> None:
+    location = _target().experiment_location(name)
+    assert location is not None and location.startswith(ROOT + "/")
+    folder = location[len(ROOT) + 1 :]
+    assert "/" not in folder and ".." not in folder and not folder.startswith(".") and len(folder) <= 73
+    assert _target().experiment_location(name + "2") != location  # distinct names, distinct folders
+
+
+def test_a_plain_name_is_its_own_folder_and_no_root_is_the_servers_default() -> None:
+    assert _target().experiment_location("llama2-13b-32xh100") == f"{ROOT}/llama2-13b-32xh100"
+    assert _target(None).experiment_location("../../escaped") is None
+
+
+def test_the_spec_takes_any_name_but_an_empty_one(tmp_path: Path) -> None:
+    spec = TrackingSpec(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_name="../../escaped")
+    target = resolve(spec, "default")
+    location = target.experiment_location(target.experiment_name)
+    assert location is not None and location.startswith((tmp_path / "mlartifacts").as_uri() + "/")
+    with pytest.raises((SpecError, ValueError)):
+        TrackingSpec(experiment_name="  ")
