@@ -95,6 +95,13 @@ def _regathered(model: ModelSpec, tp: Num, max_reuse_elements: int) -> tuple[np.
     return local, 2 * later >= max_reuse_elements
 
 
+def block_sharded(p: PlanTable) -> np.ndarray:
+    """Per plan, whether its engine gathers and reduces one transformer block at a time at its ZeRO stage
+    (FSDP, Megatron-FSDP: the engine's `block_sharding_from_stage`), not in buckets or per module."""
+    from_stage = np.array([4 if s is None else s for s in engine_table("block_sharding_from_stage")])
+    return np.asarray(p.zero_stage >= from_stage[p.engine])
+
+
 @dataclass(frozen=True)
 class ZeroTraffic:
     """One optimizer step's data-parallel collectives, per plan (seconds unless named otherwise)."""
@@ -161,8 +168,7 @@ def zero_traffic(
     buckets = buckets_mod.gradient_reduce_calls(model, p.tp, p.pp, knobs.reduce_bucket_elements)
     blocks = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage's
     modules = blocks * model.weight_matrices_per_block
-    from_stage = np.array([4 if s is None else s for s in engine_table("block_sharding_from_stage")])
-    fsdp = p.zero_stage >= from_stage[p.engine]  # FSDP, Megatron-FSDP: per-block gathers and reduces
+    fsdp = block_sharded(p)
     collectives = np.where(fsdp, blocks, np.where(p.zero_stage == 3, modules, buckets))
     gathers = np.where(fsdp | (p.zero_stage == 3), collectives, buckets_mod.PARAM_GATHER_CALLS)
     shards = p.dp * p.cp  # gradients are reduced over the context-parallel ranks too (context.py)

@@ -21,7 +21,7 @@ import numpy as np
 
 from service.costmodel import comm, compute
 from service.costmodel import memory as mem
-from service.costmodel.data_parallel import ZeroTraffic, exposed_comm_s
+from service.costmodel.data_parallel import ZeroTraffic, block_sharded, exposed_comm_s
 from service.costmodel.types import Num, on_distinct
 from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
@@ -287,10 +287,9 @@ def expert_gradient_traffic(
     rs = comm.reduce_scatter_time_s(grads, edp, stride, gpus_per_node, gpu, 1.0, links)
     ag = comm.all_gather_time_s(params, edp, stride, gpus_per_node, gpu, 1.0, links)
     zero = np.zeros(len(p))
-    from_stage = np.array([4 if s is None else s for s in _engine_field("block_sharding_from_stage")])
     return ZeroTraffic(
         psi=np.asarray(psi_expert, dtype=float),
-        fsdp=p.zero_stage >= from_stage[p.engine],
+        fsdp=block_sharded(p),
         all_reduce=ar,
         reduce=np.where(p.engine_is("gradient_reduce", "all_reduce"), ar, rs),
         gather=ag,

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,10 +188,10 @@ def decide(spec: ExperimentSpec, proxies: ProxyEvidence, fitted: Fitted, prior: 
         {c.plan.short() for c in proxies.choices},
         time_tag=time_provenance(proxies.on_gpu and calibrated, prior),  # no fit, no "calibrated"
     )
-    chosen_row = rows[0] if rows and rows[0].status == "selected" else None
-    chosen_tokens = chosen_row.tokens_per_s.value if chosen_row else None
+    decision = Decision(scored, win, sens, chosen, rows)
+    chosen_tokens = decision.selected.tokens_per_s.value if decision.selected else None
     others = other_engines(spec, fitted.params, main.cluster, chosen_tokens)
-    return Decision(scored, win, sens, chosen, rows, others)
+    return dataclasses.replace(decision, other_engines=others)
 
 
 def assemble(

@@ -14,6 +14,7 @@ import math
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from service.spec.params import FitRun, Residuals
@@ -28,21 +29,13 @@ def moe_residuals(exclude_source: str | None = None, path: Path = MOE_CHECKS_PAT
     if not path.is_file():
         return None
     runs = [FitRun.model_validate(r) for r in yaml.safe_load(path.read_text())["runs"]]
-    logs = sorted(-math.log1p(r.error) for r in runs if r.source != exclude_source)
+    logs = [-math.log1p(r.error) for r in runs if r.source != exclude_source]
     if len(logs) < 5:
         return None
     sources = sorted({r.source for r in runs if r.source != exclude_source})
     return Residuals(
         n=len(logs),
-        q10=_quantile(logs, 0.10),
-        q90=_quantile(logs, 0.90),
+        q10=float(np.quantile(logs, 0.10)),
+        q90=float(np.quantile(logs, 0.90)),
         method=f"published MoE runs kept outside the fit ({', '.join(sources)})",
     )
-
-
-def _quantile(values: list[float], q: float) -> float:
-    """The q-quantile of sorted `values`, linearly interpolated (numpy's default)."""
-    position = q * (len(values) - 1)
-    below = math.floor(position)
-    above = min(below + 1, len(values) - 1)
-    return values[below] + (values[above] - values[below]) * (position - below)
