@@ -12,6 +12,7 @@ from service.costmodel import (
     context,
     data_parallel,
     expert_exchange,
+    expert_sync,
     fp8,
     moe,
     pipeline_parallel,
@@ -166,7 +167,7 @@ def step_time_terms(
     offload = data_parallel.exposed_offload_s(zero, model, p, fwd, bwd, gpu, contention)
     optimizer_step = data_parallel.optimizer_step_s(zero, p, gpu)
     ga = p.grad_accum
-    expert_dp, expert_step = moe.data_parallel_s(
+    expert_dp, expert_step = expert_sync.data_parallel_s(
         whole, p, moe_blocks, cluster.gpus_per_node, gpu, net, fwd, bwd, contention
     )
     dp_comm, optimizer_step = dp_comm + expert_dp, optimizer_step + expert_step

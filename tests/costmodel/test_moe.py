@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from service.catalog import load_model
-from service.costmodel import expert_exchange, moe
+from service.costmodel import comm, expert_exchange, moe
 from service.costmodel.estimate import estimate
 from service.costmodel.flops import matmul_params, model_flops_per_token
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, plan_problem
@@ -64,7 +64,7 @@ def test_expert_data_parallel_and_ep_group_follow_the_folded_layout():
 
 def test_all_to_all_crosses_the_network_once_the_ep_group_outgrows_a_node():
     gpu = H100.gpu
-    links = moe.comm.Links()
+    links = comm.Links()
     one_gib = 2.0**30  # large enough that NCCL's latency is lost in the bandwidth term
     inside = expert_exchange.all_to_all_time_s(one_gib, 8, 1, 8, gpu, links, 0.8)
     across = expert_exchange.all_to_all_time_s(one_gib, 16, 1, 8, gpu, links, 0.8)
