@@ -34,7 +34,8 @@ from pathlib import Path
 from service.calibrate import MeasuredRun, fit
 from service.costmodel import estimate
 from service.spec import Plan, load_experiment
-from service.spec.params import MEMORY_PARAMS, TIME_PARAMS, ModelParams
+from service.spec.param_bands import MEMORY_PARAMS, TIME_PARAMS
+from service.spec.params import ModelParams
 from service.train.proxy_scale import proxy_cluster, proxy_model, proxy_plan, proxy_workload
 from service.train.proxy_trial import run_proxy
 

@@ -37,22 +37,24 @@ from typing import Any
 import numpy as np
 
 from service.calibrate.runs import (  # the runs-file schema and conversions live in the package
-    FLOPS_PER_TOKEN,
     Dataset,
     Measured,
     MeasuredRun,
     Measurement,
     Source,
     cluster_spec,
-    korthikanti_eq7_flops_per_token,
     measured_run,
     measured_tokens_per_s_per_gpu,
     model_spec,
-    narayanan_eq3_flops_per_token,
     workload,
 )
 from service.calibrate.runs import (
     load_dataset as load_runs_file,
+)
+from service.calibrate.source_flops import (
+    FLOPS_PER_TOKEN,
+    korthikanti_eq7_flops_per_token,
+    narayanan_eq3_flops_per_token,
 )
 from service.spec import GPUSpec, ModelSpec, Plan
 from service.spec.params import ModelParams, load_params

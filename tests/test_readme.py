@@ -51,3 +51,10 @@ def test_readme_python_block_runs(block: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(Search, "fit", search_fit)
     monkeypatch.chdir(REPO)
     exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+
+
+def test_readme_is_a_guide_under_10_kb() -> None:
+    """The README is what a user reads first: under 10 kB, and no CI timings or run logs in it."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.encode()) < 10_000
+    assert not re.search(r"pytest took|\d+ passed|CI (took|ran)", text)

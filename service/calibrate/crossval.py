@@ -20,14 +20,8 @@ import numpy as np
 
 from service.calibrate.fit import fit, predict_runs
 from service.calibrate.runs import MeasuredRun
-from service.spec.params import (
-    PUBLISHED_FIT_PARAMS,
-    Domain,
-    FitRun,
-    ModelParams,
-    Residuals,
-    interval_bounds,
-)
+from service.spec.param_bands import PUBLISHED_FIT_PARAMS
+from service.spec.params import Domain, FitRun, ModelParams, Residuals, interval_bounds
 from service.spec.stack import stack_names
 
 METHOD = (

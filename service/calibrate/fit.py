@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.calibrate.runs import MeasuredRun
-from service.spec.params import MEMORY_PARAMS, PUBLISHED_FIT_PARAMS, ModelParams
+from service.spec.param_bands import MEMORY_PARAMS, PUBLISHED_FIT_PARAMS
+from service.spec.params import ModelParams
 
 # Pull towards the prior, per band width: a parameter moved across its whole band costs as much as
 # one source predicted e^PRIOR_WEIGHT-fold off; small enough that data decides, large enough that an

@@ -57,7 +57,7 @@ def render(report: dict[str, Any]) -> str:
 
 def _names(text: str | None) -> tuple[str, ...]:
     from service.spec import SpecError
-    from service.spec.params import PUBLISHED_FIT_PARAMS, TIME_PARAMS, default_bands
+    from service.spec.param_bands import PUBLISHED_FIT_PARAMS, TIME_PARAMS, default_bands
 
     if text is None:
         return PUBLISHED_FIT_PARAMS

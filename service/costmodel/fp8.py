@@ -50,18 +50,21 @@ def gemm_operand_bytes(precision: Num, d: Num) -> Num:
     return np.where(is_fp8(precision), 1, d)
 
 
+def cast_bytes_per_element(precision: Num, dynamic_scaling: Num = False) -> Num:
+    """HBM bytes of casting one GEMM input element to FP8: read in bf16 (2), written in FP8 (1). With
+    dynamic scaling (EngineRules.fp8_scaling: torchao's tensorwise Float8Linear) an amax reduction reads
+    each input once more before the cast can scale it: 5 bytes; TE's delayed scaling takes the scale from
+    its amax history and records the new amax in the cast kernel itself: 3. Zero for other precisions."""
+    return np.where(is_fp8(precision), np.where(dynamic_scaling, 5.0, 3.0), 0.0)
+
+
 def cast_bytes_per_token_per_layer(
     model: ModelSpec, tp: Num, precision: Num, dynamic_scaling: Num = False
 ) -> Num:
     """HBM bytes of the FP8 casts of one block's GEMM inputs per token in forward: the QKV and MLP
-    inputs (h, whole), the attention output and MLP hidden inputs (h/tp, f/tp), each read in bf16 (2)
-    and written in FP8 (1). With dynamic scaling (EngineRules.fp8_scaling: torchao's tensorwise
-    Float8Linear) an amax reduction reads each input once more before the cast can scale it: 5 bytes;
-    TE's delayed scaling takes the scale from its amax history and records the new amax in the cast
-    kernel itself: 3."""
+    inputs (h, whole), the attention output and MLP hidden inputs (h/tp, f/tp)."""
     h, f = model.hidden_size, model.ffn_hidden_size
-    per_element = np.where(dynamic_scaling, 5.0, 3.0)
-    return np.where(is_fp8(precision), per_element * (2 * h + (h + f) / tp), 0.0)
+    return cast_bytes_per_element(precision, dynamic_scaling) * (2 * h + (h + f) / tp)
 
 
 def extra_memory_bytes(matmul_params_on_gpu: Num, stage_layers: Num, precision: Num) -> Num:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.costmodel import compute
+from service.costmodel import compute, fp8
 from service.costmodel import memory as mem
 from service.costmodel.types import Num, on_distinct
 from service.spec.engine import engine_rules
@@ -201,12 +201,13 @@ def saved_gemm_input_bytes(p: PlanTable, d: Num) -> np.ndarray:
     return np.where(fused & (np.asarray(p.precision) == mem.PRECISION_FP8), 1.0, d)
 
 
-def activation_recompute_time_forward_s(
+def activation_time_forward_s(
     model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, d: Num, load: Num
 ) -> np.ndarray:
-    """One MoE block's expert activation function made again (Megatron-Core's "moe_act" recompute): per
-    routed slot it reads fc1's output (2f for SwiGLU, f for GeLU, in d) and writes fc2's input (f, in
-    `saved_gemm_input_bytes`), split by expert_tp, at the HBM bandwidth."""
+    """One MoE block's expert activation function, in forward and again where Megatron-Core recomputes
+    it ("moe_act"): per routed slot it reads fc1's output (2f for SwiGLU, f for GeLU, in d) and writes
+    fc2's input (f, in `saved_gemm_input_bytes`), split by expert_tp, at the HBM bandwidth (one fused
+    pass: Megatron-Core's bias_swiglu_impl, torchtitan's compiled blocks)."""
     moe = model.moe
     assert moe is not None
     f = moe.expert_ffn_hidden_size / p.expert_tp
@@ -214,6 +215,24 @@ def activation_recompute_time_forward_s(
     gate = 2 if model.mlp == "swiglu" else 1
     moved = slots * (gate * d + saved_gemm_input_bytes(p, d)) * f
     return np.asarray(moved / (gpu.hbm_bandwidth_gb_per_s * 1e9), dtype=float)
+
+
+def fp8_cast_time_forward_s(
+    model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, load: Num
+) -> np.ndarray:
+    """FP8 plans cast both inputs of every expert GEMM before it runs, per routed slot: fc1's (the
+    permuted token, h) and fc2's (f/expert_tp), at `fp8.cast_bytes_per_element` (Transformer Engine's
+    GroupedLinear quantizes each expert's slice of the input; torchao's scaled grouped GEMM its 2D
+    input). A token is cast k times, once per route, which is why FP8 buys a MoE layer much less than a
+    dense one: torchao measured +10 % tokens/s at 2 experts per device falling to +1 % at 16 on Llama-4
+    shapes (pytorch/ao pull request 2864); a per-tensor FP8 expert GEMM ran slower than bf16 until
+    its descale was folded away (Dao-AILab/sonic-moe pull request 65)."""
+    moe = model.moe
+    assert moe is not None
+    slots = tokens_dispatched(p, seq_len) * moe.experts_per_token * load
+    elements = model.hidden_size + moe.expert_ffn_hidden_size / p.expert_tp
+    per_element = fp8.cast_bytes_per_element(p.precision, p.engine_is("fp8_scaling", "dynamic"))
+    return np.asarray(slots * elements * per_element / (gpu.hbm_bandwidth_gb_per_s * 1e9), dtype=float)
 
 
 def dispatch_buffer_bytes(model: ModelSpec, p: PlanTable, seq_len: int, d: Num, load: Num) -> np.ndarray:
@@ -337,4 +356,6 @@ def forward_s(
     d = mem.activation_bytes_per_element(p.precision)
     gemms = expert_gemm_time_forward_s(model, p, seq_len, gpu, gemm_peak, gemm_d, load)
     router = router_and_permute_time_forward_s(model, p, seq_len, gpu, gemm_peak, d, load)
-    return np.asarray((gemms + router) * moe_blocks, dtype=float)
+    elementwise = activation_time_forward_s(model, p, seq_len, gpu, d, load)
+    casts = fp8_cast_time_forward_s(model, p, seq_len, gpu, load)
+    return np.asarray((gemms + router + elementwise + casts) * moe_blocks, dtype=float)

@@ -224,7 +224,7 @@ def megatron_modules_recompute_s(
     if whole.moe is not None:
         blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]
         load = moe.load_factor(whole, p, imbalance)
-        expert_activation = moe.activation_recompute_time_forward_s(whole, p, seq_len, gpu, d, load) * blocks
+        expert_activation = moe.activation_time_forward_s(whole, p, seq_len, gpu, d, load) * blocks
     mlp_gemm = gemm - attention_gemm
     chosen = checkpointing.megatron_modules_recompute_s(
         whole, modules, attention_block, up * layers, mlp_gemm, norms, experts, expert_activation

@@ -27,7 +27,8 @@ from service.report.proxy_records import Calibration, ProxyDesign, ProxyError, P
 from service.report.result import Extrapolation, Scale
 from service.search.result import TrialRecord
 from service.spec.experiment import ExperimentSpec
-from service.spec.params import MEMORY_PARAMS, TIME_PARAMS, ModelParams
+from service.spec.param_bands import MEMORY_PARAMS, TIME_PARAMS
+from service.spec.params import ModelParams
 from service.spec.plan import Plan
 from service.spec.record import Metrics
 

@@ -160,7 +160,7 @@ class ProductionRun:
     def _check_finetune(self) -> Any:
         """Refuses, in one line and before anything is written, what a fine-tuning run cannot do; returns
         the data's rows (read once here, tokenised and packed by `fit`)."""
-        from service.train import hf_data, weights
+        from service.train import checkpoint_checks, hf_data
         from service.train.proxy_scale import proxy_model, proxy_seq_len
 
         if self.weights is None:
@@ -168,8 +168,10 @@ class ProductionRun:
                 if value is not None:
                     raise SpecError(flag, "needs --weights (the checkpoint to fine-tune, with its tokenizer)")
             return None
-        weights.check_layout(self.plan, proxy_model(self.experiment))
-        weights.check_checkpoint(self.weights, proxy_model(self.experiment), proxy_seq_len(self.experiment))
+        checkpoint_checks.check_layout(self.plan, proxy_model(self.experiment))
+        checkpoint_checks.check_checkpoint(
+            self.weights, proxy_model(self.experiment), proxy_seq_len(self.experiment)
+        )
         if self.eval_every < 0:
             raise SpecError("--eval-every", f"must be positive, got {self.eval_every}")
         if not 0 <= self.eval_fraction < 1:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from service.spec.experiment import ExperimentSpec
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
-from service.spec.params import ModelParams, default_bands, load_params
+from service.spec.param_bands import default_bands
+from service.spec.params import ModelParams, load_params
 from service.spec.plan import Plan, plan_problem
 from service.spec.record import Metrics
 from service.spec.workload import MAX_MOE_LOAD_IMBALANCE, Workload

@@ -15,7 +15,7 @@
   batches: `train_batch`, `eval_batch`).
 
 A tied embedding would need the first and last stages to share a weight (a `TiedLayerSpec`), which the
-service's pipeline does not build: `weights.check_layout` refuses it before the run starts.
+service's pipeline does not build: `checkpoint_checks.check_layout` refuses it before the run starts.
 """
 
 from __future__ import annotations

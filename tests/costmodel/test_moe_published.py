@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from service.calibrate.runs import load_dataset, load_runs, megatron_moe_flops_per_token
+from service.calibrate.runs import load_dataset, load_runs
+from service.calibrate.source_flops import megatron_moe_flops_per_token
 from service.catalog import load_model
 
 HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "published"

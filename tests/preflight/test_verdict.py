@@ -24,7 +24,8 @@ from service.preflight.verdict import (
     with_overrides,
 )
 from service.spec import ClusterSpec, Plan, load_experiment
-from service.spec.params import PUBLISHED_FIT_PARAMS, ModelParams, load_params, save_params
+from service.spec.param_bands import PUBLISHED_FIT_PARAMS
+from service.spec.params import ModelParams, load_params, save_params
 from service.train.production import choose_plan, full_scale
 
 TINY = "experiments/tiny-cpu.yaml"

@@ -26,8 +26,8 @@ from service.spec import Plan
 from service.spec.errors import SpecError
 from service.spec.model import ModelSpec
 from service.train import hf_data
+from service.train.checkpoint_checks import check_layout
 from service.train.production import ProductionRun
-from service.train.weights import check_layout
 from tests.train import local_workers
 from tests.train.test_finetune import MODEL, _texts, experiment_file, save_checkpoint, write_jsonl
 from tests.train.test_finetune_tp import yaml_seed

@@ -51,7 +51,7 @@ def checkpoint(tmp_path_factory) -> Path:
 def test_a_tied_embedding_is_refused_for_tensor_parallel_plans():
     from service.spec.errors import SpecError
     from service.spec.model import ModelSpec
-    from service.train.weights import check_layout
+    from service.train.checkpoint_checks import check_layout
 
     untied, tied = ModelSpec(**MODEL), ModelSpec(**MODEL, tie_word_embeddings=True)
     with pytest.raises(SpecError) as err:
