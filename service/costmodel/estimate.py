@@ -50,7 +50,7 @@ def estimate_table(
     params: ModelParams | None = None,
     time_unfit: bool = True,
 ) -> EstimateTable:
-    """Scores every plan in `plans` (assumed valid; see `service.spec.plan.plan_problem`).
+    """Scores every plan in `plans` (assumed valid; see `service.spec.plan_checks.plan_problem`).
 
     `params`: the fitted parameter set (None = the shipped default, `load_params()`); its out-of-sample
     residuals give the 80 % interval columns (`tokens_per_s_low` … `dollars_high`).
@@ -137,7 +137,7 @@ def estimate(
         >>> e.fits
         True
     """
-    from service.spec.plan import check_plan
+    from service.spec.plan_checks import check_plan
 
     check_plan(plan, model, cluster, workload)
     table = estimate_table(model, cluster, workload, PlanTable.from_plans([plan]), memory_headroom, params)

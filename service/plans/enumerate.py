@@ -9,7 +9,7 @@ not divide, the candidate gets the nearest lower value and the batch rule reject
 Candidates also span the engines asked for (deepspeed, fsdp, megatron), megatron's interleaved chunks
 per stage, context-parallel degrees up to a cap and, where asked, several precisions.
 
-`service.spec.plan.plan_problem` is the one rule set that decides validity; `problem_codes`
+`service.spec.plan_checks.plan_problem` is the one rule set that decides validity; `problem_codes`
 (service/plans/rules.py) restates it on numpy columns, and tests check that both agree.
 """
 

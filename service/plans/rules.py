@@ -1,4 +1,4 @@
-"""`plan_problem` (service/spec/plan.py) restated on numpy columns, every engine's rules included.
+"""`plan_problem` (service/spec/plan_checks.py) restated on numpy columns, every engine's rules included.
 
 `plan_problem` is scalar (one `Plan` at a time, ~10 µs each), too slow for 100,000 plans per second, so
 `problem_codes` checks the same rules in the same order on a `PlanTable`. Both read each engine's limits
@@ -84,7 +84,7 @@ def reason_code(problem: tuple[str, str] | None) -> int:
 
 
 def _combination_rules(p: PlanTable) -> list[np.ndarray]:
-    """The rules that need nothing but the plan (`_plan_only_problem`), each engine's limits read from
+    """The rules that need nothing but the plan (`plan_only_problem`), each engine's limits read from
     its rule table (service/catalog/engines/) as columns."""
     hpz, groups = p.zero_hpz_partition_size > 1, p.shard_group_size > 0
     zero_plus_plus = hpz | p.zero_quantized_weights | p.zero_quantized_gradients
@@ -131,7 +131,7 @@ def _expert_rule(field: str) -> np.ndarray:
 
 
 def _moe_rules(p: PlanTable, model: ModelSpec) -> list[np.ndarray]:
-    """`_moe_problem` (service/spec/plan.py) on columns."""
+    """`_moe_problem` (service/spec/plan_checks.py) on columns."""
     moe, none = model.moe, np.zeros(len(p), bool)
     if moe is None:
         return [p.ep > 1, p.expert_tp > 1, *[none] * 6]
@@ -153,7 +153,7 @@ def problem_codes(
 ) -> np.ndarray:
     """Per row, the code (index into INVALID_REASONS) of the first rule `plan_problem` would break.
 
-    The same rules in the same order as service/spec/plan.py; np.select takes the first true one.
+    The same rules in the same order as service/spec/plan_checks.py; np.select takes the first true one.
     """
     p = plans
     cp_rules = [engine_rules(e).context_parallel for e in ENGINE_CODES]

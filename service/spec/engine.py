@@ -2,7 +2,7 @@
 
 Each engine (deepspeed, fsdp, megatron) is one YAML file under service/catalog/engines/. Every field
 there holds a value, the source that documents it and, for a limit a plan can break, `why`: the start
-of the one-line error. `plan_problem` (spec/plan.py), the vectorised rules (plans/rules.py), the
+of the one-line error. `plan_problem` (spec/plan_checks.py), the vectorised rules (plans/rules.py), the
 enumerator and the cost model all read this one table; none of them branches on an engine's name.
 """
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.spec.errors import SpecError
-from service.spec.model import MAX_EXPERTS
+from service.spec.moe_spec import MAX_EXPERTS
 
 # model_type → (routed experts, experts per token, expert width) keys.
 EXPERT_FIELDS = {

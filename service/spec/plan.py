@@ -1,7 +1,9 @@
-"""`Plan`: how one training step is laid out on the cluster, and the one place that checks it.
+"""`Plan`: how one training step is laid out on the cluster, with the rules that need nothing but the
+plan (what its engine can combine), checked when it is made.
 
 Every part of the service (cost model, enumerator, search space, DeepSpeed config builder, worker)
-takes this `Plan`. `plan_problem` is the only place that decides whether a plan can run.
+takes this `Plan`. `plan_problem` (service/spec/plan_checks.py) is the only place that decides whether a
+plan can run a model on a cluster.
 """
 
 from __future__ import annotations
@@ -12,9 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.spec.engine import ENGINES, Engine, engine_rules, engines_with
 from service.spec.errors import SpecError
-from service.spec.hardware import ClusterSpec
-from service.spec.model import ModelSpec
-from service.spec.workload import Workload
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -125,7 +124,7 @@ class Plan(BaseModel):
 
     @model_validator(mode="after")
     def _check_self(self) -> Plan:
-        problem = _plan_only_problem(self)
+        problem = plan_only_problem(self)
         if problem:
             raise SpecError(*problem)  # a ValueError naming the field, for validate_as
         return self
@@ -163,7 +162,7 @@ class Plan(BaseModel):
         )
 
 
-def _plan_only_problem(plan: Plan) -> tuple[str, str] | None:
+def plan_only_problem(plan: Plan) -> tuple[str, str] | None:
     """Rules that need nothing but the plan: what the plan's engine can combine, read from its rule
     table (service/catalog/engines/). `service/plans/rules.py` restates them on columns, in this order."""
     if plan.offload_params and plan.zero_stage != 3:
@@ -274,138 +273,3 @@ def _engine_problem(plan: Plan) -> tuple[str, str] | None:
             need = " or ".join(engines_with(flag))
             return flag, f"{flag} ({what}) needs engine {need}, not {name}"
     return None
-
-
-def _moe_problem(plan: Plan, model: ModelSpec) -> tuple[str, str] | None:
-    """Expert parallelism against the model's experts and the engine's MoE rule table.
-    `service/plans/rules.py` restates them on columns, in this order."""
-    moe = model.moe
-    if moe is None:
-        if plan.ep > 1:
-            return "ep", f"ep {plan.ep}: the model has no routed experts (a dense model); allowed: 1"
-        if plan.expert_tp > 1:
-            return "expert_tp", f"expert_tp {plan.expert_tp}: the model has no routed experts; allowed: 1"
-        return None
-    if moe.num_experts % plan.ep:
-        return "ep", f"ep {plan.ep} does not divide num_experts {moe.num_experts}"
-    if moe.expert_ffn_hidden_size % plan.expert_tp:
-        width = moe.expert_ffn_hidden_size
-        return "expert_tp", f"expert_tp {plan.expert_tp} does not divide expert_ffn_hidden_size {width}"
-    rule, name = engine_rules(plan.engine).expert_parallel, plan.engine
-    if plan.zero_stage > rule.max_zero_stage:
-        why = engine_rules(name).reason("expert_parallel", "")
-        allowed = engine_rules(name).stages_up_to(rule.max_zero_stage)
-        return "zero_stage", f"{why}; with MoE blocks {name} supports zero_stage {allowed} only"
-    if plan.pp > 1 and not rule.with_pipeline:
-        return "pp", f"{name} runs MoE blocks without a pipeline; with MoE blocks pp must be 1"
-    if moe.router not in rule.routers:
-        return "engine", f"{name} has no {moe.router} router; its MoE routers: {', '.join(rule.routers)}"
-    stage_ranks = plan.dp * plan.cp * plan.tp
-    if stage_ranks % (plan.ep * plan.expert_tp):
-        folded = plan.ep * plan.expert_tp
-        return (
-            "ep",
-            f"ep·expert_tp = {folded} does not divide the {stage_ranks} ranks of a pipeline stage (dp·cp·tp)",
-        )
-    return None
-
-
-def plan_problem(
-    plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
-) -> tuple[str, str] | None:
-    """The first reason `plan` cannot run `model` on `cluster` for `workload`, as (field, message).
-
-    Checks dp·tp·pp·cp = GPUs, tp divides attention and KV heads and fits in one node (TP all-reduces
-    every layer and needs NVLink), cp fits the engine's context-parallel rule, every model chunk holds a block
-    (pp·virtual_stages ≤ layers; uneven chunks are priced as costmodel/memory.py `stage_layers` lays them
-    out), the batch split matches the workload's global
-    batch and the sequence splits into the engine's context-parallel chunks.
-    """
-    own = _plan_only_problem(plan)
-    if own:
-        return own
-    if model.num_attention_heads % plan.tp:
-        return "tp", f"tp {plan.tp} does not divide num_attention_heads {model.num_attention_heads}"
-    if model.kv_heads % plan.tp:
-        return "tp", f"tp {plan.tp} does not divide num_key_value_heads {model.kv_heads}"
-    rule = engine_rules(plan.engine).context_parallel
-    if rule.heads_divisible and (model.num_attention_heads // plan.tp) % plan.cp:
-        heads = model.num_attention_heads // plan.tp
-        return "cp", f"Ulysses cp {plan.cp} does not divide the {heads} attention heads per TP rank"
-    if plan.pp > model.num_layers:
-        return "pp", f"pp {plan.pp} exceeds num_layers {model.num_layers}: a stage would hold no block"
-    if plan.pp * plan.virtual_stages > model.num_layers:
-        chunks = plan.pp * plan.virtual_stages
-        return "virtual_stages", f"pp·virtual_stages = {chunks} exceeds num_layers {model.num_layers}"
-    moe = _moe_problem(plan, model)
-    if moe:
-        return moe
-    zero_ranks = plan.dp * plan.cp  # the ranks ZeRO shards over (costmodel/context.py)
-    if zero_ranks % plan.zero_hpz_partition_size:
-        hpz = plan.zero_hpz_partition_size
-        message = f"hpZ group {hpz} does not divide the {zero_ranks} ZeRO ranks (dp·cp)"
-        return "zero_hpz_partition_size", message
-    if plan.shard_group_size and zero_ranks % plan.shard_group_size:
-        group = plan.shard_group_size
-        return "shard_group_size", f"shard group {group} does not divide the {zero_ranks} ZeRO ranks (dp·cp)"
-    if cluster is not None:
-        if plan.num_gpus != cluster.num_gpus:
-            return "dp", f"dp·tp·pp·cp = {plan.num_gpus} but the cluster has {cluster.num_gpus} GPUs"
-        if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
-            return "tp", f"tp {plan.tp} must divide gpus_per_node {cluster.gpus_per_node}"
-        if plan.precision == "fp8" and not cluster.gpu.peak_tflops_fp8:
-            # Transformer Engine's FP8 GEMMs need FP8 tensor cores (Hopper, Ada, Blackwell).
-            return "precision", f"{cluster.gpu.name} has no FP8 tensor cores; allowed: bf16, fp16, fp32"
-        if cluster.gpus_per_node % plan.zero_hpz_partition_size:
-            # hpZ's secondary partition sits inside a node so that backward gathers over NVLink.
-            hpz = plan.zero_hpz_partition_size
-            message = f"hpZ group {hpz} must divide gpus_per_node {cluster.gpus_per_node}"
-            return "zero_hpz_partition_size", message
-    if workload is not None and plan.sequences_per_step != workload.batch_sequences:
-        return (
-            "grad_accum",
-            f"micro_batch·grad_accum·dp = {plan.sequences_per_step} but the global batch is "
-            f"{workload.batch_sequences} sequences",
-        )
-    chunks = plan.cp * rule.seq_chunks_per_rank
-    if workload is not None and plan.cp > 1 and workload.seq_len % chunks:
-        return "cp", f"seq_len {workload.seq_len} does not split into {chunks} {rule.style} chunks"
-    return None
-
-
-# The field a plan_problem answer blames, counted as the layout field's own fault when listing what that
-# field could be instead: a width that does not divide the cluster shows up as dp's sum, too many
-# pipeline chunks as virtual_stages.
-_LAYOUT_BLAME = {"tp": {"tp", "dp"}, "pp": {"pp", "dp", "virtual_stages"}, "cp": {"cp", "dp"}}
-
-
-def allowed_values(field: str, plan: Plan, model: ModelSpec, cluster: ClusterSpec) -> list[int]:
-    """The values of layout field `field` (tp, pp or cp) that `plan_problem` accepts for `plan`, its
-    other fields unchanged and dp refilled to the cluster's GPUs: what an error can offer instead.
-
-    A value is kept when the plan passes or fails only on another field (micro-batch, ZeRO stage, ...),
-    so the list answers "which tp would do", not "which whole plan would"."""
-    if field not in _LAYOUT_BLAME:
-        raise ValueError(f"allowed_values: field must be one of {sorted(_LAYOUT_BLAME)}, got {field!r}")
-    limit = {"tp": cluster.gpus_per_node, "pp": model.num_layers, "cp": cluster.num_gpus}[field]
-    ok = []
-    for value in range(1, limit + 1):
-        values = {**plan.model_dump(), field: value}
-        width = values["tp"] * values["pp"] * values["cp"]
-        if cluster.num_gpus % width:
-            continue
-        values["dp"] = cluster.num_gpus // width
-        problem = plan_problem(Plan.model_construct(**values), model, cluster)
-        if problem is None or problem[0] not in _LAYOUT_BLAME[field]:
-            ok.append(value)
-    return ok
-
-
-def check_plan(
-    plan: Plan, model: ModelSpec, cluster: ClusterSpec | None = None, workload: Workload | None = None
-) -> Plan:
-    """Returns `plan`, or raises `SpecError` naming the field at fault."""
-    problem = plan_problem(plan, model, cluster, workload)
-    if problem:
-        raise SpecError(f"plan.{problem[0]}", problem[1])
-    return plan

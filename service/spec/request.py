@@ -24,7 +24,8 @@ from service.spec.engine import Engine
 from service.spec.errors import SpecError, validate_as
 from service.spec.hardware import MAX_GPUS, ClusterSpec, LinkOverride, PriceOverride
 from service.spec.model import ModelSpec
-from service.spec.plan import Plan, Precision, Recompute, ZeroStage, allowed_values, plan_problem
+from service.spec.plan import Plan, Precision, Recompute, ZeroStage
+from service.spec.plan_checks import allowed_values, plan_problem
 from service.spec.workload import (
     MAX_SEQ_LEN,
     MEGATRON_DEFAULT_RECOMPUTE_MODULES,

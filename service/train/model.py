@@ -212,57 +212,6 @@ class _Stack(torch.nn.Module):
         return hidden
 
 
-def _parallel_attention_forward(attn: Any) -> Any:
-    """Hugging Face's `LlamaAttention.forward` with the token count read from q_proj's output instead of
-    from its input (with sequence parallelism the input is a chunk of the sequence and the
-    column-parallel projections gather all of it); heads per rank follow from the sharded widths."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
-
-    def forward(hidden_states, position_embeddings=None, attention_mask=None, **kwargs):  # type: ignore[no-untyped-def]
-        query = attn.q_proj(hidden_states)
-        shape = (*query.shape[:-1], -1, attn.head_dim)
-        query = query.view(shape).transpose(1, 2)
-        key = attn.k_proj(hidden_states).view(shape).transpose(1, 2)
-        value = attn.v_proj(hidden_states).view(shape).transpose(1, 2)
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            attn.config._attn_implementation, eager_attention_forward
-        )
-        out, _ = interface(
-            attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs
-        )
-        return attn.o_proj(out.reshape(*shape[:2], -1).contiguous()), None
-
-    return forward
-
-
-def apply_tensor_parallel(lm: torch.nn.Module, group: Any, sequence_parallel: bool) -> None:
-    """Shards a LlamaForCausalLM's linear layers over `group` in place, as Megatron-LM does (Shoeybi et
-    al. 2019, §3): q/k/v and gate/up column-parallel, o_proj and down_proj row-parallel, lm_head
-    column-parallel with its logits gathered (the loss is computed whole on every rank). The embedding
-    and the norms stay whole on every rank. With `sequence_parallel` the norms run on this rank's chunk
-    of the sequence and their weight gradients are summed over the group (Korthikanti et al. 2022)."""
-    col, row = tpl.ColumnParallelLinear.from_linear, tpl.RowParallelLinear.from_linear
-    sp = {"sequence_parallel": sequence_parallel}
-    for layer in lm.model.layers:  # type: ignore[union-attr]
-        attn, mlp = layer.self_attn, layer.mlp
-        attn.q_proj, attn.k_proj, attn.v_proj = (
-            col(getattr(attn, n), group, **sp) for n in ("q_proj", "k_proj", "v_proj")
-        )
-        attn.o_proj = row(attn.o_proj, group, **sp)
-        attn.forward = _parallel_attention_forward(attn)
-        mlp.gate_proj, mlp.up_proj = col(mlp.gate_proj, group, **sp), col(mlp.up_proj, group, **sp)
-        mlp.down_proj = row(mlp.down_proj, group, **sp)
-        if sequence_parallel:
-            tpl.allreduce_sequence_parallel_grads(layer.input_layernorm, group)
-            tpl.allreduce_sequence_parallel_grads(layer.post_attention_layernorm, group)
-    lm.lm_head = col(lm.lm_head, group, gather_output=True, **sp)  # type: ignore[arg-type]
-    if sequence_parallel:
-        tpl.allreduce_sequence_parallel_grads(lm.model.norm, group)  # type: ignore[arg-type]
-
-
 def _reentrant_checkpoint(function: Any, *args: torch.Tensor) -> Any:
     """The pipeline's per-layer checkpoint: torch's reentrant checkpoint, which keeps what DeepSpeed's
     does (each layer's input) but through `save_for_backward`, where the activation meter sees it.
@@ -319,7 +268,7 @@ def build_model(
         source = PipelineCheckpoint(weights, dtype)
         lm, stage = source.lm, source.spec
         if plan.tp > 1:
-            apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
+            tpl.apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
     elif weights is not None:  # the checkpoint's slices, already tensor-parallel
         from service.train.weights import load_tensor_parallel
 
@@ -327,7 +276,7 @@ def build_model(
     else:
         lm = build_causal_lm(spec, seed, dtype, plan=plan)
         if plan.tp > 1:
-            apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
+            tpl.apply_tensor_parallel(lm, grid.get_slice_parallel_group(), plan.sequence_parallel)
     if plan.recompute == "selective":
         apply_recompute(lm, "selective")
     shards = plan.tp if sp_group is not None else 1
@@ -390,7 +339,7 @@ def _build_context_parallel(
     else:
         lm = build_causal_lm(spec, seed, dtype, plan=plan)
         if plan.tp > 1:
-            apply_tensor_parallel(lm, groups.get_model_parallel_group(), sequence_parallel=False)
+            tpl.apply_tensor_parallel(lm, groups.get_model_parallel_group(), sequence_parallel=False)
     for layer in lm.model.layers:  # type: ignore[union-attr]
         layer.self_attn.forward = ulysses_attention_forward(layer.self_attn, cp_group)
     if plan.recompute == "selective":

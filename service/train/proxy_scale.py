@@ -15,7 +15,8 @@ from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
 from service.spec.param_bands import default_bands
 from service.spec.params import ModelParams, load_params
-from service.spec.plan import Plan, plan_problem
+from service.spec.plan import Plan
+from service.spec.plan_checks import plan_problem
 from service.spec.record import Metrics
 from service.spec.workload import MAX_MOE_LOAD_IMBALANCE, Workload
 from service.train.ds_config import PROXY_OVERLAP_COMM, proxy_precision
@@ -124,9 +125,9 @@ def proxy_plan_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
 
 def _moe_proxy_problem(plan: Plan) -> str | None:
     """What the MoE proxy (service/train/moe.py) does not build: tensor-parallel layers around DeepSpeed's
-    MoE layer (`model.apply_tensor_parallel` splits Llama MLPs, not a MoE block's shared experts, and the
-    experts would need splitting for expert_tp = tp), nor Ulysses attention with it (its `UlyssesGroups`
-    is not the `mpu` DeepSpeed's MoE groups are built from)."""
+    MoE layer (`tensor_parallel.apply_tensor_parallel` splits Llama MLPs, not a MoE block's shared
+    experts, and the experts would need splitting for expert_tp = tp), nor Ulysses attention with it
+    (its `UlyssesGroups` is not the `mpu` DeepSpeed's MoE groups are built from)."""
     for field, value in (("tp", plan.tp), ("cp", plan.cp)):
         if value > 1:
             return f"{field}: {value} with MoE blocks: the MoE proxy runs with {field} = 1 only; allowed: 1"

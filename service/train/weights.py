@@ -234,7 +234,7 @@ def load_tensor_parallel(
     on them hold; the sharded ones (marked `tensor_model_parallel`, as the TP layers mark theirs) after."""
     import torch.distributed as dist
 
-    from service.train.model import apply_tensor_parallel
+    from service.train.tensor_parallel import apply_tensor_parallel
 
     lm = meta_causal_lm(weights, "tensor-parallel")
     reader = CheckpointReader(weights)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
-from service.train import checkpoint, cpu_layout, hf_data, measure, moe
+from service.train import checkpoint, cpu_layout, hf_data, measure, moe, rank_memory
 from service.train.data import ShardedLoader, token_source
 from service.train.device import apply_collective_timeout, cap_memory, pick_device, seed_everything
 from service.train.ds_config import deepspeed_config
@@ -139,42 +139,6 @@ def _mean_over_ranks(value: float) -> float:
     return float(t.item()) / dist.get_world_size()
 
 
-class _StateProbe:
-    """Reads model-state bytes at the two moments of an armed step when they peak, and keeps the larger
-    of each class: just before ZeRO-1/2 reduce the accumulated full gradients into partitions
-    (`reduce_gradients`, at the accumulation boundary; ZeRO-1 holds full gradients until then), and just
-    before the optimizer step (partitioned gradients, fp32 master copies and moments all alive)."""
-
-    def __init__(self, engine: Any):
-        self.engine, self.armed = engine, False
-        self.bytes = dict.fromkeys(_STATE_KEYS, 0)
-        self.detail: dict[str, int] = {}
-        optimizer = engine.optimizer
-        self._wrap(optimizer, "step", disarm=True)
-        if hasattr(optimizer, "reduce_gradients"):
-            self._wrap(optimizer, "reduce_gradients", disarm=False)
-
-    def _read(self) -> None:
-        detail: dict[str, int] = {}
-        now = measure.model_state_bytes(self.engine.module, self.engine.optimizer, detail)
-        now["expert_state"] = measure.expert_state_bytes(self.engine.module, self.engine.optimizer)
-        self.bytes = {k: max(v, self.bytes.get(k, 0)) for k, v in now.items() if k != "model_state"}
-        self.bytes["model_state"] = sum(self.bytes[c] for c in ("params", "grads", "optimizer", "master"))
-        for k, v in detail.items():
-            self.detail[k] = max(v, self.detail.get(k, 0))
-
-    def _wrap(self, optimizer: Any, name: str, disarm: bool) -> None:
-        inner = getattr(optimizer, name)
-
-        def probed(*args: Any, **kwargs: Any) -> Any:
-            if self.armed:
-                self._read()
-                self.armed = not disarm
-            return inner(*args, **kwargs)
-
-        setattr(optimizer, name, probed)
-
-
 def _process_start_time() -> float:
     """When this process was started (Linux /proc), to split start-up time into launch and set-up."""
     try:
@@ -209,50 +173,6 @@ def _maybe_stall(cfg: WorkerConfig, step: int, rank: int) -> None:
         time.sleep(cfg.stall["seconds"])
 
 
-# The rank's model state, its classes, and the routed experts' share of it (MoE models).
-_STATE_KEYS = ("model_state", *measure.STATE_CLASSES, "expert_state")
-
-
-def _gather_over_ranks(values: list[float]) -> list[list[float]]:
-    """Every rank's `values`, in rank order (an all-gather: every rank must call it)."""
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return [[float(x) for x in row.tolist()] for row in out]
-
-
-def _moe_load(engine: Any) -> float:
-    """The routed experts' padded load in the busiest metered forward (`moe.padded_load`), the largest of
-    the ranks' (ranks of one EP group share it: C is all-reduced over the group), as the activations are
-    the busiest rank's; NaN where no rank holds a MoE block (an all-gather: every rank must call it)."""
-    mine = moe.padded_load(engine.module)
-    loads = [row[0] for row in _gather_over_ranks([math.nan if mine is None else mine])]
-    counted = [x for x in loads if math.isfinite(x)]
-    return max(counted) if counted else math.nan
-
-
-def busiest_rank_memory(rows: list[list[float]]) -> dict[str, float]:
-    """Memory of the busiest rank, from every rank's [model state, its classes…, the experts' share,
-    activations, peak].
-
-    The cost model's per-GPU memory is the busiest GPU's (with a pipeline, the first or the last stage,
-    whichever holds more), so the measurement it is compared with is too: model state (with its
-    breakdown) from the rank holding the most, saved activations and peak memory their maxima. Rank 0
-    alone is the first pipeline stage, which holds no logits: with pp 2 and one micro-batch the last
-    stage holds more, and rank 0's figure was 14 % under a correct prediction.
-    """
-    n = len(_STATE_KEYS)
-    state_row = max(rows, key=lambda r: r[0])
-    out = {f"measured_{k}_bytes_per_rank": state_row[i] for i, k in enumerate(_STATE_KEYS)}
-    out["measured_activation_bytes_per_rank"] = max(r[n] for r in rows)
-    out["measured_peak_memory_bytes_per_rank"] = max(r[n + 1] for r in rows)
-    return out
-
-
 def _metrics(
     cfg: WorkerConfig,
     step: int,
@@ -270,7 +190,7 @@ def _metrics(
         "step_time_s": step_time_s,
         "tokens_per_s": samples * cfg.seq_len / step_time_s,
         "samples_per_s": samples / step_time_s,
-        **busiest_rank_memory(memory_rows),
+        **rank_memory.busiest_rank_memory(memory_rows),
         "done": float(step == cfg.steps),
     }
     if cfg.model.moe is None:  # a dense model has no experts' share or load to report
@@ -281,15 +201,9 @@ def _metrics(
     return out
 
 
-def _memory_rows(
-    probe: _StateProbe, meter: measure.ActivationMeter, device: torch.device
-) -> list[list[float]]:
-    """Every rank's model state (by class), peak saved activations and peak memory."""
-    mine = [float(probe.bytes[k]) for k in _STATE_KEYS]
-    return _gather_over_ranks([*mine, float(meter.peak_bytes), float(measure.peak_memory_bytes(device))])
-
-
-def _detail(cfg: WorkerConfig, probe: _StateProbe, meter: measure.ActivationMeter) -> dict[str, Any]:
+def _detail(
+    cfg: WorkerConfig, probe: rank_memory.StateProbe, meter: measure.ActivationMeter
+) -> dict[str, Any]:
     """What rank 0 holds, by source (model state) and by module (saved activations per micro-batch)."""
     micro_batches = cfg.plan.grad_accum
     by_module = sorted(meter.by_module.items(), key=lambda kv: -kv[1])
@@ -345,7 +259,7 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
     if rank == 0:
         record: dict[str, Any] = {"event": "start", "step": start, "time": time.time(), "phases": phases}
         _log(cfg.run_dir, {**record, "device": device.type, "device_fallback": choice.fallback})
-    probe, meter = _StateProbe(engine), measure.ActivationMeter(engine.module)
+    probe, meter = rank_memory.StateProbe(engine), measure.ActivationMeter(engine.module)
     times: list[float] = []
     losses: list[float] = []
     for step in range(start + 1, cfg.steps + 1):
@@ -359,8 +273,8 @@ def run_worker(config: dict[str, Any], reporter: Reporter, resume_dir: str | Non
         loss = _mean_over_ranks(_train_step(engine, loader, cfg, meter if metered else None))
         times.append(time.perf_counter() - t0)
         losses.append(loss)
-        rows = _memory_rows(probe, meter, device)
-        load = _moe_load(engine) if cfg.model.moe is not None else math.nan
+        rows = rank_memory.memory_rows(probe, meter, device)
+        load = rank_memory.moe_load(engine) if cfg.model.moe is not None else math.nan
         metrics: dict[str, Any] = _metrics(cfg, step, loss, times, rows, load)
         if choice.fallback:  # a string among the floats only when there is something to say
             metrics["device_fallback"] = choice.fallback

@@ -89,7 +89,7 @@ def test_deepep_is_megatrons_and_groups_divide_the_experts(tmp_path, capsys):
     from service.cli.main import main
     from service.spec import SpecError, load_experiment
     from service.spec.errors import validate_as
-    from service.spec.model import MoESpec
+    from service.spec.moe_spec import MoESpec
 
     with pytest.raises(SpecError) as info:
         validate_as(

@@ -12,7 +12,7 @@ from service.costmodel import comm, estimate
 from service.costmodel import memory as mem
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import ModelParams
-from service.spec.plan import check_plan
+from service.spec.plan_checks import check_plan
 from service.spec.plan_table import PRECISION_CODES
 
 PRIOR = ModelParams()

@@ -10,7 +10,7 @@ from service.costmodel import comm, expert_exchange, moe
 from service.costmodel.estimate import estimate
 from service.costmodel.flops import matmul_params, model_flops_per_token
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, plan_problem
-from service.spec.model import MoESpec
+from service.spec.moe_spec import MoESpec
 from service.spec.plan_table import PlanTable
 
 GIB = 2**30

@@ -23,7 +23,7 @@ from service.plans.enumerate import (
 )
 from service.spec import ClusterSpec, ModelSpec, Plan, Workload, check_plan, plan_problem
 from service.spec.engine import engine_rules
-from service.spec.model import MoESpec
+from service.spec.moe_spec import MoESpec
 from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, RECOMPUTE_CODES, PlanTable, concat
 
 TINY = ModelSpec(

@@ -7,7 +7,7 @@ import pytest
 
 from service.catalog import load_gpu, load_model
 from service.spec import ClusterSpec, Plan, plan_problem
-from service.spec.plan import allowed_values
+from service.spec.plan_checks import allowed_values
 
 MODEL = load_model("llama2-13b")  # 40 layers, 40 heads (40 KV heads)
 CLUSTER = ClusterSpec(gpu=load_gpu("h100-sxm-80gb"), num_nodes=4, gpus_per_node=8)

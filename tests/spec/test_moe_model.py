@@ -2,7 +2,8 @@
 
 import pytest
 
-from service.spec.model import ModelSpec, MoESpec
+from service.spec.model import ModelSpec
+from service.spec.moe_spec import MoESpec
 
 # Mixtral 8x7B's config.json (mistralai/Mixtral-8x7B-v0.1): 46.7B parameters, 12.9B active
 # (Mistral AI, "Mixtral of experts", 2023, and arXiv 2401.04088 §2).

@@ -99,7 +99,7 @@ def test_cpu_peak_memory_is_the_process_high_water_mark():
 
 
 def test_busiest_rank_memory_takes_the_rank_that_holds_the_most():
-    from service.train.worker import busiest_rank_memory
+    from service.train.rank_memory import busiest_rank_memory
 
     # [model_state, params, grads, optimizer, master, buffers, expert_state, activations, peak] per rank:
     # rank 0 is a first pipeline stage (more state), rank 1 the last (logits: more activations).
