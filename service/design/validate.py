@@ -1,8 +1,12 @@
 """What to validate on proxies, and how the proxies are shaped so each model term they can identify is.
 
-Choice: the plan the prior ranking selects, then the best-ranked plan of every competitive strategy
-family that is not yet covered (pure DP + ZeRO-3; TP inside a node + ZeRO-1/2; pipeline; with and
-without activation recompute; with and without offload), up to `max_proxies` distinct proxy plans.
+Choice: the plan the prior ranking selects; for a mixture-of-experts model the best-ranked plan of each
+expert-parallel degree (the memo's EP families) whose proxy splits the experts differently from those
+already chosen (a proxy has few ranks: on 2 CPU workers ep 4, 8 and 16 all run as ep 2, and a pipeline
+plan's proxy may have no rank to spare for EP); then the best-ranked plan of every strategy family not
+yet covered (pure DP + ZeRO-3; TP inside a node + ZeRO-1/2; pipeline; with and without activation
+recompute; with and without offload; pure DP + ZeRO-0/1/2; context parallelism), up to `max_proxies`
+distinct proxy plans. Each plan passed over says why in the notes.
 
 Proxy shape: the production architecture with fewer layers on fewer workers, the plan's structure
 kept (ZeRO stage, offload, micro-batch, recompute; tp and pp as far as the workers allow). On a GPU
@@ -22,13 +26,15 @@ from service.spec.proxy import ProxySpec
 
 # Strategy families: (name, test). "no recompute" / "no offload" give the other side of each lever.
 FAMILIES: tuple[tuple[str, Callable[[Plan], bool]], ...] = (
-    ("DP + ZeRO-3", lambda p: p.tp == 1 and p.pp == 1 and p.zero_stage == 3),
+    ("DP + ZeRO-3", lambda p: p.tp == 1 and p.pp == 1 and p.cp == 1 and p.zero_stage == 3),
     ("TP in node + ZeRO-1/2", lambda p: p.tp > 1 and p.zero_stage in (1, 2)),
     ("pipeline", lambda p: p.pp > 1),
     ("recompute", lambda p: p.recompute != "none"),
     ("no recompute", lambda p: p.recompute == "none"),
     ("offload", lambda p: p.offload_optimizer or p.offload_params),
     ("no offload", lambda p: not (p.offload_optimizer or p.offload_params)),
+    ("DP + ZeRO-0/1/2", lambda p: p.tp == 1 and p.pp == 1 and p.cp == 1 and p.zero_stage < 3),
+    ("context parallel", lambda p: p.cp > 1),
 )
 
 CPU_MAX_WIDTH = 256  # a narrowed CPU proxy keeps hidden_size at or below this
@@ -213,28 +219,61 @@ def choose(
 
     chosen: list[Choice] = []
     notes: list[str] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # proxy plan → the production plan it stands for
 
-    def take(row: int, plan: Plan, reason: str) -> bool:
+    def take(row: int, plan: Plan, reason: str, shows: Callable[[Plan], bool] | None = None) -> str | None:
+        """Chooses `plan`, or says why not: its proxy cannot run, is one already chosen, or loses what
+        the plan was picked for (`shows` false on it: the MoE proxy has no tp or cp)."""
         proxy = proxy_plan_for(plan, experiment)
+        if shows is not None and not shows(proxy):
+            return f"its proxy {proxy.short()} does not have it"
         if proxy.short() in seen:
-            return False
+            return f"its proxy {proxy.short()} is the one of {seen[proxy.short()]}"
         problem = proxy_plan_problem(experiment, proxy)
         if problem:
             notes.append(f"{plan.short()} ({reason}): no proxy: {problem}")
-            return False
-        seen.add(proxy.short())
+            return f"no proxy: {problem}"
+        seen[proxy.short()] = plan.short()
         chosen.append(Choice(row, plan, proxy, reason))
-        return True
+        return None
 
     if plans:
         take(plans[0][0], plans[0][1], "the prior ranking's choice")
+    if experiment.model.moe is not None:
+        # The best plan of each expert-parallel degree, best-ranked degree first; a degree whose proxy
+        # splits the experts as a chosen proxy does adds nothing the proxies can tell apart.
+        firsts: dict[int, tuple[int, int, Plan]] = {}
+        for rank, (row, plan) in enumerate(plans, start=1):
+            firsts.setdefault(plan.ep, (rank, row, plan))
+        for ep, (rank, row, plan) in firsts.items():
+            if len(chosen) >= max_proxies:
+                break
+            if any(c.plan.ep == ep for c in chosen):
+                continue
+            proxy_ep = proxy_plan_for(plan, experiment).ep
+            same = next((c for c in chosen if c.proxy_plan.ep == proxy_ep), None)
+            if same is not None:
+                notes.append(
+                    f"{plan.short()} (best ep {ep} plan, rank {rank}): not run: its proxy runs ep {proxy_ep} "
+                    f"on {experiment.proxy.num_workers} ranks, as the proxy of {same.plan.short()} does"
+                )
+                continue
+            take(row, plan, f"best ep {ep} plan (rank {rank}; ep {proxy_ep} on the proxy)")
     for name, test in FAMILIES:
         if len(chosen) >= max_proxies:
             break
-        if any(test(c.plan) for c in chosen):
+        if any(test(c.proxy_plan) for c in chosen):
             continue
+        lost = None  # the family's best plan whose proxy loses what makes it the family
         for rank, (row, plan) in enumerate(plans, start=1):
-            if test(plan) and take(row, plan, f"best {name} plan (rank {rank})"):
+            if not test(plan):
+                continue
+            why_not = take(row, plan, f"best {name} plan (rank {rank})", shows=test)
+            if why_not is None:
                 break
+            if lost is None and why_not.endswith("does not have it"):
+                lost = f"{plan.short()} (best {name} plan, rank {rank}): not run: {why_not}"
+        else:
+            if lost is not None:
+                notes.append(lost)
     return chosen[:max_proxies], notes

@@ -7,7 +7,7 @@ from pathlib import Path
 from service.design.decide import score
 from service.design.validate import FAMILIES, choose, cpu_proxy, design_proxy, families_of, proxy_plan_for
 from service.spec import Plan, load_experiment
-from service.spec.params import ModelParams
+from service.spec.params import ModelParams, load_params
 from service.train.proxy_scale import proxy_plan_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,3 +112,26 @@ def test_a_moe_plan_keeps_its_experts_split_on_the_proxy_without_tp_or_cp():
     assert (ring.dp, ring.cp, ring.ep) == (2, 1, 2)
     dense = proxy_plan_for(Plan(dp=64, zero_stage=2), exp)
     assert dense.ep == 1
+
+
+def test_a_moe_run_validates_each_expert_split_its_proxies_can_tell_apart():
+    """Qwen3-30B-A3B on 64 H100s: the choice (ep 8, ep 2 on the 2-worker CPU proxy) and the best ep 1 plan
+    run; ep 4, 16, ... split the experts as the choice's proxy does and ep 2's pipeline plan leaves its
+    proxy no rank for EP, so each is named in the notes with why; the TP and context-parallel families
+    are not claimed, the MoE proxy having neither."""
+    exp = load_experiment(REPO / "experiments" / "qwen3-30b-a3b-64xh100.yaml")
+    proxy_exp, _ = design_proxy(exp, "cpu")
+    s = score(exp.model, exp.cluster, exp.workload, exp.budget, load_params(), exp.goodput)
+    order = [(int(r), s.plans.row(int(r))) for r in s.selection.order]
+    choices, notes = choose(order, proxy_exp, 4)
+    assert choices[0].plan == s.plans.row(s.selection.selected)
+    assert {c.proxy_plan.ep for c in choices} == {1, 2}  # both expert splits a 2-rank proxy has
+    ep1 = next(c for c in choices if c.plan.ep == 1)
+    first_ep1 = next(rank for rank, (_, p) in enumerate(order, start=1) if p.ep == 1)
+    assert ep1.reason.startswith(f"best ep 1 plan (rank {first_ep1};")
+    chosen_eps = {c.plan.ep for c in choices}
+    for ep in {p.ep for _, p in order} - chosen_eps:
+        assert any(f"(best ep {ep} plan, rank" in n and "its proxy runs ep" in n for n in notes), ep
+    assert all(c.proxy_plan.tp == 1 and c.proxy_plan.cp == 1 for c in choices)
+    assert not any("TP in node" in c.reason or "context parallel" in c.reason for c in choices)
+    assert any("best TP in node + ZeRO-1/2 plan" in n and "does not have it" in n for n in notes)
