@@ -167,6 +167,8 @@ def proxies(r: RunResult) -> list[Block]:
                 [[c.plan, c.proxy, c.why] for c in d.choices],
             )
         )
+        if d.skipped:  # e.g. expert-parallel degrees whose proxies would repeat one that ran
+            blocks += [("p", "Plans that got no proxy of their own, and why:"), ("ul", list(d.skipped))]
     blocks += _proxy_table(r)
     v = r.proxy_validation_error
     if v.n:

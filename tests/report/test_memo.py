@@ -155,3 +155,22 @@ def test_own_script_note_says_what_the_config_needs_from_train_py() -> None:
     tp = note(dp=16, tp=2)
     assert "2-way tensor-parallel layers and passes their `mpu`" in tp and "dp = 16 ranks, not all 32" in tp
     assert "4-stage `PipelineModule`" in note(dp=8, pp=4) and "dp = 8 ranks, not all 32" in note(dp=8, pp=4)
+
+
+def test_plans_left_without_a_proxy_are_listed_with_why(plan_only: RunResult) -> None:
+    """`choose`'s notes (an expert-parallel degree whose proxy would repeat one that ran, a family whose
+    proxy loses it) are printed under the proxies' table, each as its own item."""
+    from service.report.memo import proxies
+    from service.report.proxy_records import ProxyChoice
+
+    note = "dp32-ep4 (best ep 4 plan, rank 3): not run: its proxy runs ep 2 on 2 ranks, as ... does"
+    design = plan_only.proxy_design.model_copy(
+        update={
+            "choices": [ProxyChoice(plan="dp32-ep8", proxy="dp2-ep2", why="the choice")],
+            "skipped": [note],
+        }
+    )
+    blocks = proxies(plan_only.model_copy(update={"proxy_design": design}))
+    at = blocks.index(("p", "Plans that got no proxy of their own, and why:"))
+    assert blocks[at + 1] == ("ul", [note])
+    assert ("p", "Plans that got no proxy of their own, and why:") not in proxies(plan_only)
