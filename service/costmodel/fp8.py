@@ -59,12 +59,14 @@ def cast_bytes_per_element(precision: Num, dynamic_scaling: Num = False) -> Num:
 
 
 def cast_bytes_per_token_per_layer(
-    model: ModelSpec, tp: Num, precision: Num, dynamic_scaling: Num = False
+    model: ModelSpec, tp: Num, precision: Num, dynamic_scaling: Num = False, mlp_share: float = 1.0
 ) -> Num:
     """HBM bytes of the FP8 casts of one block's GEMM inputs per token in forward: the QKV and MLP
-    inputs (h, whole), the attention output and MLP hidden inputs (h/tp, f/tp)."""
+    inputs (h, whole), the attention output and MLP hidden inputs (h/tp, f/tp). `mlp_share`: the share
+    of blocks whose MLP input is cast here (a MoE model's dense view: its dense blocks and those with
+    shared experts; the routed copies are cast in costmodel/moe.py)."""
     h, f = model.hidden_size, model.ffn_hidden_size
-    return cast_bytes_per_element(precision, dynamic_scaling) * (2 * h + (h + f) / tp)
+    return cast_bytes_per_element(precision, dynamic_scaling) * (h + mlp_share * h + (h + f) / tp)
 
 
 def extra_memory_bytes(matmul_params_on_gpu: Num, stage_layers: Num, precision: Num) -> Num:

@@ -164,18 +164,18 @@ def expert_state_bytes(
 def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: Num, load: Num) -> np.ndarray:
     """Bytes a MoE block saves for backward per dispatched token, beyond the dense view's share.
 
-    Per routed slot (k per token × the load factor on the busiest rank; a capacity router's padded
-    slots): the permuted input and the expert MLP's own tensors, split by expert_tp: a SwiGLU MLP of
-    eager modules keeps gate, act(gate), up and their product (4f, as `memory.py` counts Hugging Face's
-    Llama MLP), Transformer Engine's fused SwiGLU the fc1 output and fc2's input (3f); a GeLU MLP 2f.
-    DeepSpeed's experts each slice the all-to-all output for their gate and up projections, which save
-    a copy each when ep > 1 (a second h per slot). Per token: the k expert outputs the combine weighs
-    (unpadded: the combine gathers each token's routes back first) and the router's tensors: DeepSpeed's
-    top-k gating keeps fp32 probabilities and one fp32 one-hot mask per chosen expert, E·4·(1 + k), a
-    boolean mask and the gate values and indices (12k + 16); a grouped layer the fp32 logits and
-    probabilities and a boolean routing map, 9E (Megatron-Core router.py, moe_utils.py). Measured on the
-    DeepSpeed proxy within 0.1 % (tests/train/test_moe_proxy.py). In FP8, Transformer Engine's grouped
-    GEMMs keep their inputs (the permuted token, fc2's input) in 1 byte. Without recompute; full
+    Per routed slot (k per token × the load factor on the busiest rank × expert_tp, whose group's tokens
+    each rank computes; a capacity router's padded slots): the permuted input and the expert MLP's own
+    tensors, split by expert_tp: a SwiGLU MLP of eager modules keeps gate, act(gate), up and their product
+    (4f, as `memory.py` counts Hugging Face's Llama MLP), Transformer Engine's fused SwiGLU the fc1 output
+    and fc2's input (3f); a GeLU MLP 2f. DeepSpeed's experts each slice the all-to-all output for their gate
+    and up projections, which save a copy each when ep > 1 (a second h per slot). Per token: the k expert
+    outputs the combine weighs (unpadded: the combine gathers each token's routes back first) and the
+    router's tensors: DeepSpeed's top-k gating keeps fp32 probabilities and one fp32 one-hot mask per chosen
+    expert, E·4·(1 + k), a boolean mask and the gate values and indices (12k + 16); a grouped layer the fp32
+    logits and probabilities and a boolean routing map, 9E (Megatron-Core router.py, moe_utils.py). Measured
+    on the DeepSpeed proxy within 0.1 % (tests/train/test_moe_proxy.py). In FP8, Transformer Engine's
+    grouped GEMMs keep their inputs (the permuted token, fc2's input) in 1 byte. Without recompute; full
     recompute keeps none of them between forward and backward (`stage_memory`)."""
     moe = model.moe
     assert moe is not None
@@ -191,7 +191,9 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     mlp = (d * (swiglu - 1) + g) * f / p.expert_tp
     per_slot = mlp + g * inputs * h + np.where(deepspeed, 8.0, 0.0)
     router = np.where(deepspeed, ROUTER_BYTES * e * (1 + k) + e + 12 * k + 16, 9.0 * e)
-    return np.asarray(k * load * per_slot + d * k * h + router, dtype=float)
+    # An expert-TP group's ranks each compute every token routed to their experts' slices: a rank's
+    # slots are its group's (expert_tp × its own), each f/expert_tp wide (`expert_gemm_time_forward_s`).
+    return np.asarray(k * load * p.expert_tp * per_slot + d * k * h + router, dtype=float)
 
 
 def saved_gemm_input_bytes(p: PlanTable, d: Num) -> np.ndarray:
@@ -201,38 +203,47 @@ def saved_gemm_input_bytes(p: PlanTable, d: Num) -> np.ndarray:
     return np.where(fused & (np.asarray(p.precision) == mem.PRECISION_FP8), 1.0, d)
 
 
+def routed_slots(model: ModelSpec, p: PlanTable, seq_len: int, load: Num) -> np.ndarray:
+    """Routed copies one rank's experts compute per micro-batch: its expert-TP group's tokens (each rank
+    of the group computes its slice of the same experts for all of them), k copies each, × the load
+    factor (the busiest rank; a capacity router's padding)."""
+    moe = model.moe
+    assert moe is not None
+    return np.asarray(tokens_dispatched(p, seq_len) * p.expert_tp * moe.experts_per_token * load, dtype=float)
+
+
 def activation_time_forward_s(
     model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, d: Num, load: Num
 ) -> np.ndarray:
     """One MoE block's expert activation function, in forward and again where Megatron-Core recomputes
-    it ("moe_act"): per routed slot it reads fc1's output (2f for SwiGLU, f for GeLU, in d) and writes
-    fc2's input (f, in `saved_gemm_input_bytes`), split by expert_tp, at the HBM bandwidth (one fused
-    pass: Megatron-Core's bias_swiglu_impl, torchtitan's compiled blocks)."""
+    it ("moe_act"): per routed slot it reads fc1's output (2f for SwiGLU, f for GeLU) and writes fc2's
+    input (f), in d, of the expert's f/expert_tp slice, at the HBM bandwidth (one fused pass: Megatron-
+    Core's bias_swiglu_impl, torchtitan's compiled blocks). FP8's cast of fc2's input is
+    `fp8_cast_time_forward_s`."""
     moe = model.moe
     assert moe is not None
     f = moe.expert_ffn_hidden_size / p.expert_tp
-    slots = tokens_dispatched(p, seq_len) * moe.experts_per_token * load
     gate = 2 if model.mlp == "swiglu" else 1
-    moved = slots * (gate * d + saved_gemm_input_bytes(p, d)) * f
+    moved = routed_slots(model, p, seq_len, load) * (gate + 1) * d * f
     return np.asarray(moved / (gpu.hbm_bandwidth_gb_per_s * 1e9), dtype=float)
 
 
 def fp8_cast_time_forward_s(
-    model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, load: Num
+    model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, load: Num, fc1: bool = True
 ) -> np.ndarray:
-    """FP8 plans cast both inputs of every expert GEMM before it runs, per routed slot: fc1's (the
-    permuted token, h) and fc2's (f/expert_tp), at `fp8.cast_bytes_per_element` (Transformer Engine's
-    GroupedLinear quantizes each expert's slice of the input; torchao's scaled grouped GEMM its 2D
-    input). A token is cast k times, once per route, which is why FP8 buys a MoE layer much less than a
-    dense one: torchao measured +10 % tokens/s at 2 experts per device falling to +1 % at 16 on Llama-4
-    shapes (pytorch/ao pull request 2864); a per-tensor FP8 expert GEMM ran slower than bf16 until
-    its descale was folded away (Dao-AILab/sonic-moe pull request 65)."""
+    """FP8 plans cast the inputs of the expert GEMMs before they run, per routed slot: fc1's (the
+    permuted token, h; without `fc1`, fc2's alone) and fc2's (f/expert_tp), at
+    `fp8.cast_bytes_per_element` (Transformer Engine's GroupedLinear quantizes each expert's slice of its
+    input; torchao's scaled grouped GEMM its 2D input). A token is cast once per route, where a dense
+    block casts its MLP input once: FP8 buys a MoE block less than a dense one of the same active width
+    (torchao measured FP8 MoE training +10 % tokens/s at 2 experts per device, +1 % at 16, as the
+    experts' GEMMs shrink and their per-group quantization weighs more: pytorch/ao pull request 2864)."""
     moe = model.moe
     assert moe is not None
-    slots = tokens_dispatched(p, seq_len) * moe.experts_per_token * load
-    elements = model.hidden_size + moe.expert_ffn_hidden_size / p.expert_tp
+    elements = (model.hidden_size if fc1 else 0) + moe.expert_ffn_hidden_size / p.expert_tp
     per_element = fp8.cast_bytes_per_element(p.precision, p.engine_is("fp8_scaling", "dynamic"))
-    return np.asarray(slots * elements * per_element / (gpu.hbm_bandwidth_gb_per_s * 1e9), dtype=float)
+    moved = routed_slots(model, p, seq_len, load) * elements * per_element
+    return np.asarray(moved / (gpu.hbm_bandwidth_gb_per_s * 1e9), dtype=float)
 
 
 def dispatch_buffer_bytes(model: ModelSpec, p: PlanTable, seq_len: int, d: Num, load: Num) -> np.ndarray:
@@ -266,10 +277,18 @@ def expert_gemm_time_forward_s(
 
 
 def router_and_permute_time_forward_s(
-    model: ModelSpec, p: PlanTable, seq_len: int, gpu: GPUSpec, peak_flops: Num, d: Num, load: Num
+    model: ModelSpec,
+    p: PlanTable,
+    seq_len: int,
+    gpu: GPUSpec,
+    peak_flops: Num,
+    d: Num,
+    load: Num,
+    elementwise_scale: float = 1.0,
 ) -> np.ndarray:
     """The router's logits GEMM (t × num_experts × h), its softmax and top-k over fp32 logits (a read
-    and a write each), and the permutation passes over the routed copies (PERMUTE_PASSES)."""
+    and a write each), and the permutation passes over the routed copies (PERMUTE_PASSES); the passes
+    over HBM × `elementwise_scale` (ModelParams: the dense blocks' non-matmul traffic's fitted factor)."""
     moe = model.moe
     assert moe is not None
     t, h = tokens_dispatched(p, seq_len), model.hidden_size
@@ -277,7 +296,7 @@ def router_and_permute_time_forward_s(
     hbm = gpu.hbm_bandwidth_gb_per_s * 1e9
     softmax = t * moe.num_experts * ROUTER_BYTES * 4 / hbm
     permute = PERMUTE_PASSES * t * moe.experts_per_token * load * h * d / hbm
-    return np.asarray(logits + softmax + permute, dtype=float)
+    return np.asarray(logits + elementwise_scale * (softmax + permute), dtype=float)
 
 
 def _engine_field(field: str) -> np.ndarray:
@@ -323,8 +342,9 @@ def stage_memory(
     kept = tokens * activation_bytes_per_token_per_moe_layer(model, p, d, load)
     megatron_selective = _engine_field("transformer_engine")[p.engine] & (p.recompute == 1)
     if "moe_act" in recompute_modules:
+        # fc2's input: expert_tp × the rank's slots, each f/expert_tp wide (`routed_slots`).
         act = tokens * model.moe.experts_per_token * load * saved_gemm_input_bytes(p, d)
-        kept = kept - np.where(megatron_selective, act * model.moe.expert_ffn_hidden_size / p.expert_tp, 0.0)
+        kept = kept - np.where(megatron_selective, act * model.moe.expert_ffn_hidden_size, 0.0)
     full = (p.recompute == 2) | (megatron_selective & ("moe" in recompute_modules))
     return StageMemory(
         params=params,
@@ -346,16 +366,18 @@ def forward_s(
     gemm_peak: Num,
     gemm_d: Num,
     imbalance: float,
+    elementwise_scale: float = 1.0,
 ) -> np.ndarray:
     """Expert compute of one micro-batch's forward through `moe_blocks` MoE blocks: the local experts'
-    GEMMs, the router and the permutation (the token exchange: costmodel/expert_exchange.py); zeros for
-    a dense model."""
+    GEMMs, the router and the permutation, the experts' activation function and, in FP8, the casts of
+    their GEMMs' inputs (the token exchange: costmodel/expert_exchange.py); the passes over HBM ×
+    `elementwise_scale`, as the dense blocks' are. Zeros for a dense model."""
     if model.moe is None:
         return np.zeros(len(p))
     load = load_factor(model, p, imbalance)
     d = mem.activation_bytes_per_element(p.precision)
     gemms = expert_gemm_time_forward_s(model, p, seq_len, gpu, gemm_peak, gemm_d, load)
-    router = router_and_permute_time_forward_s(model, p, seq_len, gpu, gemm_peak, d, load)
-    elementwise = activation_time_forward_s(model, p, seq_len, gpu, d, load)
-    casts = fp8_cast_time_forward_s(model, p, seq_len, gpu, load)
-    return np.asarray((gemms + router + elementwise + casts) * moe_blocks, dtype=float)
+    router = router_and_permute_time_forward_s(model, p, seq_len, gpu, gemm_peak, d, load, elementwise_scale)
+    passes = activation_time_forward_s(model, p, seq_len, gpu, d, load)
+    passes = passes + fp8_cast_time_forward_s(model, p, seq_len, gpu, load)
+    return np.asarray((gemms + router + elementwise_scale * passes) * moe_blocks, dtype=float)

@@ -58,6 +58,18 @@ def links(params: ModelParams) -> comm.Links:
     )
 
 
+def dense_mlp_share(model: ModelSpec) -> float:
+    """The share of blocks with an MLP outside the routed experts: all of a dense model's; a MoE model's
+    dense blocks and, where it has shared experts, its MoE blocks (whose routed copies costmodel/moe.py
+    prices)."""
+    moe_spec = model.moe
+    if moe_spec is None:
+        return 1.0
+    moe_layers = model.num_moe_layers
+    with_mlp = model.num_layers - moe_layers + (moe_layers if moe_spec.num_shared_experts else 0)
+    return with_mlp / model.num_layers
+
+
 def step_time_terms(
     model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
 ) -> dict[str, np.ndarray]:
@@ -95,13 +107,24 @@ def step_time_terms(
     fused = workload.fused_elementwise | p.engine_column("transformer_engine")
     elementwise = compute.elementwise_time_forward_s(model, tokens, p.tp, gpu, d, fused) * layers
     dynamic = p.engine_is("fp8_scaling", "dynamic")
-    casts = tokens * fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision, dynamic) * layers
+    casts = fp8.cast_bytes_per_token_per_layer(model, p.tp, p.precision, dynamic, dense_mlp_share(whole))
+    casts = tokens * casts * layers
     elementwise = elementwise + casts / (gpu.hbm_bandwidth_gb_per_s * 1e9)
     elementwise = params["elementwise_scale"] * elementwise
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
     moe_blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]  # the busiest stage's
-    experts = moe.forward_s(whole, p, s, moe_blocks, gpu, gemm_peak, gemm_d, workload.moe_load_imbalance)
+    experts = moe.forward_s(
+        whole,
+        p,
+        s,
+        moe_blocks,
+        gpu,
+        gemm_peak,
+        gemm_d,
+        workload.moe_load_imbalance,
+        params["elementwise_scale"],
+    )
     experts_a2a = expert_exchange.forward_s(
         whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, net, workload.moe_load_imbalance,
         params["all_to_all_efficiency"], workload.moe_dispatcher,
@@ -129,7 +152,7 @@ def step_time_terms(
     if np.any(megatron_modules):
         chosen = megatron_modules_recompute_s(
             whole, modules, p, s, gpu, gemm_peak, gemm_d, d, workload.moe_load_imbalance, tokens, layers,
-            attention_block, gemm, experts,
+            attention_block, gemm, experts, params["elementwise_scale"],
         )  # fmt: skip
         selective = np.where(megatron_modules, chosen, selective)
     recompute = np.select([p.recompute == 2, p.recompute == 1], [full_block, selective], 0.0)
@@ -203,6 +226,7 @@ def megatron_modules_recompute_s(
     attention_block: np.ndarray,
     gemm: np.ndarray,
     experts: np.ndarray,
+    elementwise_scale: float,
 ) -> np.ndarray:
     """A stage's forward work that `modules` re-run in backward (recompute.megatron_modules_recompute_s),
     from the stage's forward times and the modules' own pieces."""
@@ -224,7 +248,10 @@ def megatron_modules_recompute_s(
     if whole.moe is not None:
         blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]
         load = moe.load_factor(whole, p, imbalance)
-        expert_activation = moe.activation_time_forward_s(whole, p, seq_len, gpu, d, load) * blocks
+        # The activation made again, and in FP8 fc2's input cast again for its weight-gradient GEMM.
+        again = moe.activation_time_forward_s(whole, p, seq_len, gpu, d, load)
+        again = again + moe.fp8_cast_time_forward_s(whole, p, seq_len, gpu, load, fc1=False)
+        expert_activation = elementwise_scale * again * blocks
     mlp_gemm = gemm - attention_gemm
     chosen = checkpointing.megatron_modules_recompute_s(
         whole, modules, attention_block, up * layers, mlp_gemm, norms, experts, expert_activation

@@ -6,7 +6,7 @@ already chosen (a proxy has few ranks: on 2 CPU workers ep 4, 8 and 16 all run a
 plan's proxy may have no rank to spare for EP); then the best-ranked plan of every strategy family not
 yet covered (pure DP + ZeRO-3; TP inside a node + ZeRO-1/2; pipeline; with and without activation
 recompute; with and without offload; pure DP + ZeRO-0/1/2; context parallelism), up to `max_proxies`
-distinct proxy plans. Each plan passed over says why in the notes.
+distinct proxy plans. Each plan passed over before `max_proxies` is reached says why in the notes.
 
 Proxy shape: the production architecture with fewer layers on fewer workers, the plan's structure
 kept (ZeRO stage, offload, micro-batch, recompute; tp and pp as far as the workers allow). On a GPU
@@ -221,12 +221,12 @@ def choose(
     notes: list[str] = []
     seen: dict[str, str] = {}  # proxy plan → the production plan it stands for
 
-    def take(row: int, plan: Plan, reason: str, shows: Callable[[Plan], bool] | None = None) -> str | None:
-        """Chooses `plan`, or says why not: its proxy cannot run, is one already chosen, or loses what
-        the plan was picked for (`shows` false on it: the MoE proxy has no tp or cp)."""
+    def take(row: int, plan: Plan, reason: str, family: str | None = None) -> str | None:
+        """Chooses `plan`, or says why not: its proxy cannot run, is one already chosen, or is no longer
+        a plan of the `family` it was picked for (the MoE proxy has no tp or cp)."""
         proxy = proxy_plan_for(plan, experiment)
-        if shows is not None and not shows(proxy):
-            return f"its proxy {proxy.short()} does not have it"
+        if family is not None and not dict(FAMILIES)[family](proxy):
+            return f"its proxy {proxy.short()} is not a {family} plan"
         if proxy.short() in seen:
             return f"its proxy {proxy.short()} is the one of {seen[proxy.short()]}"
         problem = proxy_plan_problem(experiment, proxy)
@@ -250,14 +250,17 @@ def choose(
                 break
             if any(c.plan.ep == ep for c in chosen):
                 continue
-            proxy_ep = proxy_plan_for(plan, experiment).ep
-            same = next((c for c in chosen if c.proxy_plan.ep == proxy_ep), None)
+            proxy = proxy_plan_for(plan, experiment)
+            same = next((c for c in chosen if c.proxy_plan.ep == proxy.ep), None)
             if same is not None:
+                stage = proxy.dp * proxy.cp * proxy.tp  # the ranks of a proxy stage, over which ep splits
                 notes.append(
-                    f"{plan.short()} (best ep {ep} plan, rank {rank}): not run: its proxy runs ep {proxy_ep} "
-                    f"on {experiment.proxy.num_workers} ranks, as the proxy of {same.plan.short()} does"
+                    f"{plan.short()} (best ep {ep} plan, rank {rank}): not run: its proxy runs ep {proxy.ep} "
+                    f"(its stages have {stage} rank{'s' if stage > 1 else ''}), as the proxy of "
+                    f"{same.plan.short()} does"
                 )
                 continue
+            proxy_ep = proxy.ep
             take(row, plan, f"best ep {ep} plan (rank {rank}; ep {proxy_ep} on the proxy)")
     for name, test in FAMILIES:
         if len(chosen) >= max_proxies:
@@ -268,10 +271,11 @@ def choose(
         for rank, (row, plan) in enumerate(plans, start=1):
             if not test(plan):
                 continue
-            why_not = take(row, plan, f"best {name} plan (rank {rank})", shows=test)
+            why_not = take(row, plan, f"best {name} plan (rank {rank})", family=name)
             if why_not is None:
                 break
-            if lost is None and why_not.endswith("does not have it"):
+            runs = plan.short() in seen.values()  # chosen for another reason: its proxy runs all the same
+            if lost is None and why_not.endswith(f"is not a {name} plan") and not runs:
                 lost = f"{plan.short()} (best {name} plan, rank {rank}): not run: {why_not}"
         else:
             if lost is not None:

@@ -239,8 +239,8 @@ def build_model(
     keeps the LlamaForCausalLM (`hf_model`) for the export.
 
     The full model is built on every rank with the same seed (so the weights equal a tp = pp = 1 run's);
-    each TP rank keeps its slices (`apply_tensor_parallel`) and, with pp > 1, each stage its own layers
-    (`deepspeed.pipe.PipelineModule`, split evenly by layer). The ranks form DeepSpeed's
+    each TP rank keeps its slices (`tensor_parallel.apply_tensor_parallel`) and, with pp > 1, each stage
+    its own layers (`deepspeed.pipe.PipelineModule`, split evenly by layer). The ranks form DeepSpeed's
     `PipeModelDataParallelTopology` (axes pipe, data, model: TP peers adjacent, as Megatron-DeepSpeed
     lays them out). `full` recompute is per-layer checkpointing (`activation_checkpoint_interval=1` in a
     pipeline) with torch's reentrant checkpoint (see `_reentrant_checkpoint`);

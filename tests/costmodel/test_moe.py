@@ -205,34 +205,51 @@ def test_fp8_keeps_the_grouped_gemm_inputs_in_one_byte():
 def test_fp8_casts_every_routed_copy_so_it_buys_small_experts_little():
     """Each expert GEMM's input is cast per routed copy (k per token): h for fc1, f for fc2, 3 bytes an
     element under delayed scaling (Megatron), 5 under dynamic (torchtitan's torchao); bf16 casts
-    nothing. The SwiGLU between them reads 2f and writes f per copy in bf16 plans."""
+    nothing. The SwiGLU between them reads 2f and writes f per copy, in bf16. With expert_tp, a rank
+    computes its expert-TP group's copies, each f/expert_tp wide. All of it is part of `forward_s`."""
     model = load_model("qwen3-30b-a3b")
     moe_spec = model.moe
     assert moe_spec is not None
     gpu = H100.gpu
-    table = PlanTable.from_plans(
-        [
-            Plan(dp=8, ep=8, micro_batch=1, grad_accum=1, zero_stage=zero, engine=engine, precision=precision)
-            for engine, zero, precision in (
-                ("megatron", 1, "bf16"),
-                ("megatron", 1, "fp8"),
-                ("fsdp", 2, "fp8"),
-            )
-        ]
-    )
+    plans = [
+        Plan(dp=8, ep=8, micro_batch=1, grad_accum=1, zero_stage=zero, engine=engine, precision=precision)
+        for engine, zero, precision in (("megatron", 1, "bf16"), ("megatron", 1, "fp8"), ("fsdp", 2, "fp8"))
+    ]
+    plans.append(
+        Plan(dp=4, tp=2, ep=4, expert_tp=2, micro_batch=1, grad_accum=1, zero_stage=1, engine="megatron",
+             sequence_parallel=True, precision="fp8")
+    )  # fmt: skip
+    table = PlanTable.from_plans(plans)
     casts = moe.fp8_cast_time_forward_s(model, table, 4096, gpu, 1.0)
     k, f, h = moe_spec.experts_per_token, moe_spec.expert_ffn_hidden_size, model.hidden_size
     hbm = gpu.hbm_bandwidth_gb_per_s * 1e9
     assert casts[0] == 0.0
     assert casts[1] == pytest.approx(4096 * k * (h + f) * 3 / hbm)
     assert casts[2] == pytest.approx(4096 * k * (h + f) * 5 / hbm)
+    # tp 2: a rank dispatches half the tokens; its expert-TP group of 2 gathers them back
+    assert casts[3] == pytest.approx(2048 * 2 * k * (h + f / 2) * 3 / hbm)
+    fc2 = moe.fp8_cast_time_forward_s(model, table, 4096, gpu, 1.0, fc1=False)
+    assert fc2[1] == pytest.approx(4096 * k * f * 3 / hbm)
+    d = np.array([2.0, 1.0, 1.0, 1.0])
     act = moe.activation_time_forward_s(model, table, 4096, gpu, 2.0, 1.0)
-    assert act[0] == pytest.approx(4096 * k * (2 * 2 + 2) * f / hbm)
-    # FP8 halves the GEMMs' time at best; with the casts, a fine-grained expert layer gains far less
-    # than its GEMMs alone would (pytorch/ao pull request 2864: +1-10 % tokens/s on Llama-4 shapes).
-    peak = gpu.peak_tflops_bf16 * 1e12 * np.array([1.0, 2.0, 2.0])
-    d = np.array([2.0, 1.0, 1.0])
+    assert act[0] == pytest.approx(4096 * k * (2 + 1) * 2 * f / hbm)
+    assert act[3] == pytest.approx(act[0] / 2)  # tp 2 halves the tokens; expert_tp 2 gathers them, f/2 wide
+    peak = gpu.peak_tflops_bf16 * 1e12 * np.array([1.0, 2.0, 2.0, 2.0])
     experts = moe.forward_s(model, table, 4096, 1, gpu, peak, d, 1.0)
     gemms = moe.expert_gemm_time_forward_s(model, table, 4096, gpu, peak, d, 1.0)
-    assert experts[0] / experts[1] < gemms[0] / gemms[1]
-    assert experts[2] > experts[1]  # the amax pass of dynamic scaling
+    router = moe.router_and_permute_time_forward_s(model, table, 4096, gpu, peak, 2.0, 1.0)
+    assert experts == pytest.approx(gemms + router + act + casts)
+    # the fitted factor on non-matmul traffic scales the passes over HBM, not the GEMMs
+    scaled = moe.forward_s(model, table, 4096, 1, gpu, peak, d, 1.0, elementwise_scale=0.5)
+    assert experts - scaled == pytest.approx(
+        0.5 * (experts - gemms - router) + 0.5 * (router - _logits(model, table, gpu, peak))
+    )
+
+
+def _logits(model: ModelSpec, table: PlanTable, gpu, peak) -> np.ndarray:
+    """The router's logits GEMM alone (the part of `router_and_permute_time_forward_s` that is a GEMM)."""
+    from service.costmodel import compute
+
+    assert model.moe is not None
+    t = moe.tokens_dispatched(table, 4096)
+    return np.asarray(compute.gemm_time_s(t, model.moe.num_experts, model.hidden_size, gpu, peak, 2.0))

@@ -134,4 +134,7 @@ def test_a_moe_run_validates_each_expert_split_its_proxies_can_tell_apart():
         assert any(f"(best ep {ep} plan, rank" in n and "its proxy runs ep" in n for n in notes), ep
     assert all(c.proxy_plan.tp == 1 and c.proxy_plan.cp == 1 for c in choices)
     assert not any("TP in node" in c.reason or "context parallel" in c.reason for c in choices)
-    assert any("best TP in node + ZeRO-1/2 plan" in n and "does not have it" in n for n in notes)
+    tp_family = "TP in node + ZeRO-1/2"
+    assert any(f"best {tp_family} plan" in n and f"is not a {tp_family} plan" in n for n in notes)
+    # a plan that runs (here the choice, a cp plan whose proxy has no cp) is never noted as not run
+    assert not any(n.startswith(f"{c.plan.short()} (") and "not run" in n for c in choices for n in notes)
