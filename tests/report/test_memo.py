@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -122,24 +120,16 @@ def test_the_seed_memo_states_its_tie_group_evidence_flip_and_budget_margin(plan
     assert "`--compare tie` also runs the tie group's best plan on paper" in md  # the A/B, runnable
 
 
-def test_report_command_rebuilds_from_the_folder(plan_only: RunResult, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "service", "report", plan_only.out_dir, "--out", str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+def test_report_command_rebuilds_from_the_folder(
+    plan_only: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli.main import main
+
+    assert main(["report", plan_only.out_dir, "--out", str(tmp_path)]) == 0, capsys.readouterr().err
     assert (tmp_path / "memo.md").read_text() == Path(plan_only.memo_paths["markdown"]).read_text()
-    bad = subprocess.run(
-        [sys.executable, "-m", "service", "report", str(tmp_path / "nowhere")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_own_script_note_says_what_the_config_needs_from_train_py() -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -167,19 +165,16 @@ def test_a_broken_file_is_one_line(tmp_path: Path) -> None:
         load_model(str(tmp_path / "missing.json"))
 
 
-def test_estimate_and_experiments_take_a_config(tmp_path: Path) -> None:
+def test_estimate_and_experiments_take_a_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = _write(tmp_path / "llama-2-13b", LLAMA2_13B)
     flags = ["--gpu", "h100-sxm-80gb", "--gpus", "32", "--zero", "3", "--micro-batch", "1", "--json"]
 
+    from service.cli.main import main
+
     def estimate(model: str) -> dict:
-        out = subprocess.run(
-            [sys.executable, "-m", "service", "estimate", "--model", model, *flags],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            check=True,
-        )
-        return json.loads(out.stdout)
+        capsys.readouterr()
+        assert main(["estimate", "--model", model, *flags]) == 0
+        return json.loads(capsys.readouterr().out)
 
     from_config, from_catalog = estimate(str(folder)), estimate("llama2-13b")
     assert from_config["tokens_per_s"] == from_catalog["tokens_per_s"] > 0
