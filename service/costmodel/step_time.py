@@ -114,19 +114,10 @@ def step_time_terms(
     head = compute.lm_head_time_forward_s(model, tokens, p.tp, gpu, peak, d)
     kernels = compute.KERNELS_PER_LAYER_FORWARD * layers
     moe_blocks = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)[2]  # the busiest stage's
-    experts = moe.forward_s(
-        whole,
-        p,
-        s,
-        moe_blocks,
-        gpu,
-        gemm_peak,
-        gemm_d,
-        workload.moe_load_imbalance,
-        params["elementwise_scale"],
-    )
+    imbalance, scale = workload.moe_load_imbalance, params["elementwise_scale"]
+    experts = moe.forward_s(whole, p, s, moe_blocks, gpu, gemm_peak, gemm_d, imbalance, scale)
     experts_a2a = expert_exchange.forward_s(
-        whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, net, workload.moe_load_imbalance,
+        whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, net, imbalance,
         params["all_to_all_efficiency"], workload.moe_dispatcher,
     )  # fmt: skip
     fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
@@ -151,8 +142,8 @@ def step_time_terms(
     megatron_modules = p.engine_column("transformer_engine") & (p.recompute == 1) & fine_grained
     if np.any(megatron_modules):
         chosen = megatron_modules_recompute_s(
-            whole, modules, p, s, gpu, gemm_peak, gemm_d, d, workload.moe_load_imbalance, tokens, layers,
-            attention_block, gemm, experts, params["elementwise_scale"],
+            whole, modules, p, s, gpu, gemm_peak, gemm_d, d, imbalance, tokens, layers,
+            attention_block, gemm, experts, scale,
         )  # fmt: skip
         selective = np.where(megatron_modules, chosen, selective)
     recompute = np.select([p.recompute == 2, p.recompute == 1], [full_block, selective], 0.0)

@@ -37,6 +37,8 @@ FAMILIES: tuple[tuple[str, Callable[[Plan], bool]], ...] = (
     ("context parallel", lambda p: p.cp > 1),
 )
 
+FAMILY_TESTS = dict(FAMILIES)
+
 CPU_MAX_WIDTH = 256  # a narrowed CPU proxy keeps hidden_size at or below this
 CPU_SEQ_LEN = 256
 CPU_WORKERS = 2
@@ -225,7 +227,7 @@ def choose(
         """Chooses `plan`, or says why not: its proxy cannot run, is one already chosen, or is no longer
         a plan of the `family` it was picked for (the MoE proxy has no tp or cp)."""
         proxy = proxy_plan_for(plan, experiment)
-        if family is not None and not dict(FAMILIES)[family](proxy):
+        if family is not None and not FAMILY_TESTS[family](proxy):
             return f"its proxy {proxy.short()} is not a {family} plan"
         if proxy.short() in seen:
             return f"its proxy {proxy.short()} is the one of {seen[proxy.short()]}"
@@ -260,8 +262,7 @@ def choose(
                     f"{same.plan.short()} does"
                 )
                 continue
-            proxy_ep = proxy.ep
-            take(row, plan, f"best ep {ep} plan (rank {rank}; ep {proxy_ep} on the proxy)")
+            take(row, plan, f"best ep {ep} plan (rank {rank}; ep {proxy.ep} on the proxy)")
     for name, test in FAMILIES:
         if len(chosen) >= max_proxies:
             break
