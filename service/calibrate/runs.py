@@ -52,8 +52,9 @@ class Source(BaseModel):
     )
     cudnn_attention: bool = Field(
         False,
-        description="Its attention ran cuDNN's fused kernel (Workload.cudnn_attention): torch SDPA from "
-        "2.11; false = FlashAttention-2, what runs before 2026 ran (Transformer Engine: cuDNN regardless).",
+        description="Its attention ran cuDNN's fused kernel or one as fast (Workload.cudnn_attention): torch "
+        "SDPA from 2.11, FlashAttention-3; false = FlashAttention-2, what runs before 2026 ran (Transformer "
+        "Engine: cuDNN regardless).",
     )
 
 

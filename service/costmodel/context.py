@@ -118,7 +118,7 @@ def exposed_per_layer_s(
     tokens: Num,
     d: Num,
     attention_layer: Num,
-    attention_backward_ratio: float,
+    attention_backward_ratio: Num,
     gpus_per_node: int,
     gpu: GPUSpec,
     links: comm.Links,

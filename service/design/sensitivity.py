@@ -126,7 +126,8 @@ def sensitivity(
     nominal_row = nominal.selection.selected
     labels = nominal.plans
     objective = budget.objective
-    resolution = nominal.selection.resolution
+    # The tie group's width as a regret (fraction); the resolution is a log ratio (plans/select.py).
+    resolution = math.expm1(nominal.selection.resolution)
     feasible_nominal = np.isin(nominal.selection.status, MEETS_BUDGET)
     runs: list[tuple[Lever, Scored, np.ndarray]] = []
     worst = np.where(feasible_nominal, 0.0, np.inf)
@@ -243,7 +244,7 @@ def _flip_line(
         return ""
     parts = [f"the choice leaves the best plan's tie group under: {', '.join(flips)}"] if flips else []
     cluster = nominal.cluster
-    resolution = nominal.selection.resolution
+    resolution = math.expm1(nominal.selection.resolution)  # as a regret, like the tie group's width
     if cluster.num_nodes > 1:
         own = cluster.gpu.inter_node_bandwidth_gb_per_s
 

@@ -57,8 +57,10 @@ class GPUSpec(BaseModel):
         None,
         gt=0,
         le=1,
-        description="Fraction of peak cuDNN's fused attention reaches, the kernel Transformer Engine (and so "
-        "Megatron-Core) runs; None: as attention_efficiency (no faster kernel for this GPU).",
+        description="Fraction of peak cuDNN's fused attention reaches over forward and backward (backward at "
+        "2.5x the forward FLOPs), the kernel Transformer Engine (and so Megatron-Core) runs and "
+        "FlashAttention-3 matches; used as measured, not scaled by the fit; None: as attention_efficiency "
+        "(no faster kernel for this GPU).",
     )
     kernel_overhead_us: float = Field(
         4.0, ge=0, description="Launch and scheduling cost per kernel (µs), paid by small shapes."

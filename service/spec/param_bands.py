@@ -54,10 +54,10 @@ def default_bands() -> dict[str, Band]:
             1.0, 0.8, 1.3, "×", "multiplies the GEMM rate of Transformer Engine stacks on Hopper-class GPUs"
         ),
         "attention_efficiency_scale": _band(
-            1.0, 0.5, 1.3, "×", "multiplies the catalog's fused-attention efficiency (FlashAttention fwd)"
+            1.0, 0.5, 1.3, "×", "multiplies the catalog's FlashAttention-2 efficiency (not cuDNN's fused one)"
         ),
         "attention_backward_ratio": _band(
-            2.5, 2.0, 4.0, "× fwd time", "flash-attention backward time over forward time (FLOPs ratio 2.5)"
+            2.5, 2.0, 4.0, "× fwd time", "FlashAttention-2 backward time over forward time (FLOPs ratio 2.5)"
         ),
         "elementwise_scale": _band(
             1.0, 0.3, 2.5, "×", "multiplies the non-matmul HBM traffic (fused kernels < 1 < eager copies)"

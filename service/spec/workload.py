@@ -59,7 +59,7 @@ class Workload(BaseModel):
         "whose bundled cuDNN passes the >= 9.15 gate of check_prefer_cudnn_attention (aten sdp_utils.cpp), "
         "and this service pins torch 2.13; false = FlashAttention-2, SDPA's default before (cuDNN was "
         "opt-in after pytorch/pytorch#138522) and what the published runs ran. Transformer Engine stacks "
-        "run cuDNN's kernel whatever this says.",
+        "run cuDNN's kernel whatever this says; FlashAttention-3, as fast on Hopper, is priced by true.",
     )
     fused_elementwise: bool = Field(
         False,

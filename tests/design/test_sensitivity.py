@@ -62,6 +62,9 @@ def test_the_choice_keeps_plain_zero3_over_hpz_with_its_open_defects(seed):  # t
     assert found is not None, sens.flip
     high, low = float(found[1]), float(found[2])
     assert 25 <= low < high < 50 and high / low < 1.1
+    # where it flips, another plan is chosen: the choice is outside the tie group as selection draws it
+    then = re.search(r"and (\S+) becomes the choice", sens.flip)
+    assert then is not None and then[1] != sens.chosen_label, sens.flip
     assert not s.plans.offload_params[chosen] and not s.plans.offload_optimizer[chosen]
 
 

@@ -51,4 +51,6 @@ def test_a_moe_plans_interval_is_the_wider_of_the_dense_and_the_moe_residuals() 
     )
     assert "MoE" not in dense.params.interval
     dense_low, dense_high = (x / dense.tokens_per_s for x in dense.tokens_per_s_interval)
-    assert low / e.tokens_per_s < dense_low and high / e.tokens_per_s > dense_high
+    # each side the wider of the two; the MoE runs' errors are wider than the dense ones on at least one
+    assert low / e.tokens_per_s <= dense_low * (1 + 1e-9) and high / e.tokens_per_s >= dense_high * (1 - 1e-9)
+    assert low / e.tokens_per_s < dense_low or high / e.tokens_per_s > dense_high
