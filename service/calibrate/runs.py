@@ -50,6 +50,9 @@ class Source(BaseModel):
     flash_attention: bool = Field(
         True, description="Its attention kept no s×s scores (Workload.flash_attention); false = materialised."
     )
+    fused_cross_entropy: bool = Field(
+        False, description="Its loss kept no logits (Workload.fused_cross_entropy: Liger's fused linear CE)."
+    )
     cudnn_attention: bool = Field(
         False,
         description="Its attention ran cuDNN's fused kernel or one as fast (Workload.cudnn_attention): torch "
@@ -231,6 +234,7 @@ def workload(ds: Dataset, row: Measurement) -> Workload:
         flash_attention=source.flash_attention,
         cudnn_attention=source.cudnn_attention,
         fused_elementwise=source.fused_elementwise,
+        fused_cross_entropy=source.fused_cross_entropy,
         zero3_collectives=row.zero3_collectives,
         selective_recompute=row.selective_recompute,
         recompute_modules=row.recompute_modules,

@@ -132,6 +132,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Fused norm/rotary/SwiGLU kernels (Apex, TE, Liger, torch.compile); default: eager HF modules.",
     )
     a(
+        "--fused-cross-entropy",
+        action="store_true",
+        help="The loss keeps no logits (Liger's fused linear cross-entropy); default: materialised logits.",
+    )
+    a(
         "--selective-recompute",
         choices=get_args(SelectiveRecompute),
         default="attention_block",
@@ -231,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         "flash_attention": workload.flash_attention,
         "cudnn_attention": workload.cudnn_attention,
         "fused_elementwise": workload.fused_elementwise,
+        "fused_cross_entropy": workload.fused_cross_entropy,
         "selective_recompute": workload.selective_recompute,
         "recompute_modules": list(workload.recompute_modules),
         "moe_dispatcher": workload.moe_dispatcher,

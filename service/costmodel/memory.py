@@ -294,6 +294,7 @@ def logits_bytes_per_token(
     tp: Num = 1,
     sequence_parallel: Num = False,
     vocab_split: Num = False,
+    fused_loss: bool = False,
 ) -> Num:
     """Bytes saved for backward by the output layer and loss, per token on the last stage: the final
     RMSNorm with its output, which is the output projection's input ((4 + 2d)·h), and the fp32
@@ -302,15 +303,31 @@ def logits_bytes_per_token(
     With sequence parallelism the final norm runs on the rank's s/t chunk and the output projection
     saves only that chunk (Megatron's `LinearWithGradAccumulationAndAsyncCommunication`, the proxy's
     `_SequenceGatherLinear`), so the (4 + 2d)·h part is divided by t (Korthikanti et al. 2022 §4.2.2).
-    A vocab-parallel loss (`vocab_split`, see `vocab_parallel`) keeps V/t of the log-softmax per rank."""
+    A vocab-parallel loss (`vocab_split`, see `vocab_parallel`) keeps V/t of the log-softmax per rank.
+    A fused linear cross-entropy (`fused_loss`, Workload.fused_cross_entropy) keeps no log-softmax but
+    the gradient of the output layer's input, computed in forward (d·h: Liger's `grad_input`)."""
     norm = (FP32 + 2 * d) * model.hidden_size / np.where(sequence_parallel, tp, 1)
+    if fused_loss:
+        return norm + d * model.hidden_size
     return norm + FP32 * model.vocab_size / np.where(vocab_split, tp, 1) * (seq_len - 1) / seq_len
 
 
-def logits_transient_bytes_per_token(model: ModelSpec, d: Num, tp: Num = 1, vocab_split: Num = False) -> Num:
+def logits_transient_bytes_per_token(
+    model: ModelSpec, d: Num, tp: Num = 1, vocab_split: Num = False, fused_loss: bool = False
+) -> Num:
     """Bytes alive around the loss but not saved for backward: the logits themselves (d·V) and the
-    fp32 gradient of the log-softmax in backward (4·V); V/t of each under a vocab-parallel loss."""
+    fp32 gradient of the log-softmax in backward (4·V); V/t of each under a vocab-parallel loss. A fused
+    linear cross-entropy holds one chunk of logits, at most tokens × h elements (Liger's chunk size,
+    ceil(tokens / ceil(V/h)) rounded to a power of two): d·h per token."""
+    if fused_loss:
+        return d * model.hidden_size * np.ones_like(np.asarray(tp, dtype=float))
     return (d + FP32) * model.vocab_size / np.where(vocab_split, tp, 1)
+
+
+def fused_loss_buffer_bytes(model: ModelSpec, d: Num, fused_loss: bool) -> Num:
+    """The fused linear cross-entropy's accumulator of the output layer's gradient, allocated in forward
+    in the weight's dtype (Liger's `grad_weight = torch.zeros_like(weight)`): d·V·h on the last stage."""
+    return d * model.vocab_size * model.hidden_size if fused_loss else 0.0 * d
 
 
 def micro_batches_in_flight(pp: Num, grad_accum: Num, virtual_stages: Num = 1) -> Num:

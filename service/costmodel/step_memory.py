@@ -132,7 +132,9 @@ def stage_memory_terms(
     in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum, p.virtual_stages)
     pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
     vocab_split = mem.vocab_parallel(p.engine)
-    logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, p.sequence_parallel, vocab_split)
+    fused_loss = workload.fused_cross_entropy
+    sp = p.sequence_parallel
+    logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, sp, vocab_split, fused_loss)
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
     first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, vocab_split)
     first_moe, last_moe, _ = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)
@@ -152,7 +154,8 @@ def stage_memory_terms(
     ):
         params, grads, optimizer, cpu = model_states(model, p, psi)
         logits = np.where(is_last, tokens * logits_per_token, 0.0)
-        transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split)
+        transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split, fused_loss)
+        transient = transient + mem.fused_loss_buffer_bytes(model, d, fused_loss)
         transient = np.where(is_last, transient, 0.0)
         buffers = buckets * pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)

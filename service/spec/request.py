@@ -87,6 +87,7 @@ class PlanRequest(BaseModel):
     flash_attention: bool = True
     cudnn_attention: bool = True
     fused_elementwise: bool = False
+    fused_cross_entropy: bool = False
     selective_recompute: SelectiveRecompute = "attention_block"
     recompute_modules: tuple[RecomputeModule, ...] = MEGATRON_DEFAULT_RECOMPUTE_MODULES
     moe_dispatcher: MoEDispatcher = "alltoall"
@@ -190,6 +191,7 @@ class PlanRequest(BaseModel):
             flash_attention=self.flash_attention,
             cudnn_attention=self.cudnn_attention,
             fused_elementwise=self.fused_elementwise,
+            fused_cross_entropy=self.fused_cross_entropy,
             selective_recompute=self.selective_recompute,
             recompute_modules=self.recompute_modules,
             moe_dispatcher=self.moe_dispatcher,

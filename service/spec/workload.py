@@ -68,6 +68,15 @@ class Workload(BaseModel):
         "modules (Hugging Face Llama: RMSNorm alone is seven kernels). Megatron-Core plans are fused "
         "whatever this says (their engine builds Transformer Engine layers).",
     )
+    fused_cross_entropy: bool = Field(
+        False,
+        description="The loss never materialises the logits: Liger-Kernel's fused linear cross-entropy "
+        "(Hugging Face `use_liger_kernel`, TRL, Axolotl) computes them in chunks of about tokens x hidden "
+        "elements, keeps the input's gradient instead of the log-softmax, and accumulates the output "
+        "layer's gradient in one buffer of its size (liger_kernel/ops/fused_linear_cross_entropy.py). The "
+        "same matmuls, so the time is unchanged. This service's proxies and its `train` compute the loss "
+        "from materialised logits: `train` refuses it (use your own script, launch.sh).",
+    )
     overlap_comm: bool = Field(
         True,
         description="Data-parallel collectives run behind compute (DeepSpeed `overlap_comm`, FSDP's "

@@ -139,6 +139,12 @@ class ProductionRun:
     ):
 
         spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
+        if spec.workload.fused_cross_entropy:  # its memory was priced without the logits this worker keeps
+            raise SpecError(
+                "workload.fused_cross_entropy",
+                "this service's trainer computes the loss from materialised logits; train with your own "
+                "script and its fused loss (launch.sh), or set it false",
+            )
         self.experiment = full_scale(spec)
         self.plan = plan if isinstance(plan, Plan) else choose_plan(spec, plan)
         if steps is not None and steps <= 0:

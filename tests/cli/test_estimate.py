@@ -229,6 +229,16 @@ def test_fused_elementwise_flag(capsys):
     assert fused["time_breakdown_s"]["compute"] < eager["time_breakdown_s"]["compute"]
 
 
+def test_fused_cross_entropy_flag(capsys):
+    """Llama 3 8B at 32K tokens: Liger's fused loss keeps no logits; the time is the same."""
+    flags = ["--model", "llama3-8b", "--gpu", "h200-sxm-141gb", "--gpus", "8", "--zero", "3"]
+    flags += ["--micro-batch", "1", "--grad-accum", "1", "--seq-len", "32768", "--recompute", "full"]
+    whole, fused = run_json(capsys, *flags), run_json(capsys, *flags, "--fused-cross-entropy")
+    assert whole["inputs"]["fused_cross_entropy"] is False and fused["inputs"]["fused_cross_entropy"] is True
+    assert fused["memory_per_gpu_bytes"]["logits"] < whole["memory_per_gpu_bytes"]["logits"] / 10
+    assert fused["step_time_s"] == whole["step_time_s"]
+
+
 def test_cudnn_attention_flag(capsys):
     """Torch 2.13's SDPA runs cuDNN's attention on H100 by default; the flag prices FlashAttention-2."""
     flags = ["--zero", "3", "--micro-batch", "1", "--grad-accum", "4", "--seq-len", "4096"]

@@ -48,6 +48,22 @@ def test_killed_worker_resumes_and_the_loss_trajectory_is_bitwise(tmp_path: Path
     assert run.data.params["plan"] == PLAN and run.info.status == "FINISHED"
 
 
+def test_a_fused_loss_experiment_is_refused_by_this_services_trainer():
+    """Liger's fused cross-entropy prices no logits; this service's worker keeps them, so `train` (and
+    `preflight`, which runs the same worker) refuses before anything starts, naming the field."""
+    from manifest_checks import ROOT
+
+    from service.spec import SpecError, load_experiment
+    from service.train.production import ProductionRun
+
+    tiny = load_experiment(ROOT / "experiments" / "tiny-cpu.yaml")
+    workload = tiny.workload.model_copy(update={"fused_cross_entropy": True})
+    fused = tiny.model_copy(update={"workload": workload})
+    with pytest.raises(SpecError) as err:
+        ProductionRun(fused, steps=1, track=False)
+    assert err.value.field == "workload.fused_cross_entropy" and "materialised logits" in str(err.value)
+
+
 def test_unknown_plan_label_is_one_line():
     import subprocess
     import sys

@@ -61,3 +61,20 @@ def test_compiled_rows_are_priced_with_fused_elementwise_kernels():
     eager = estimate(run.model, run.cluster, run.plan, eager_workload, memory_headroom=0)
     assert 1.05 < compiled.tokens_per_s_per_gpu / eager.tokens_per_s_per_gpu < 1.25
     assert compiled.time_breakdown_s.compute < eager.time_breakdown_s.compute
+
+
+def test_liger_rows_keep_no_logits_and_their_memory_is_the_measured_peak():
+    """ml-engineering's ZeRO-3 offload runs ran Liger's fused linear cross-entropy: priced with it, the
+    predicted memory per GPU at 32K-256K tokens is within 20 % below the source's peak reserved memory
+    (which adds the allocator's cache), and every run fits, as it did."""
+    bench = _module()
+    ds = load_dataset(bench.DATA_PATHS[0])
+    rows = [m for m in ds.measurements if m.source == "ml-engineering-zero3-offload" and m.seq_len >= 32768]
+    assert len(rows) == 10
+    for row in rows:
+        run = measured_run(ds, row)
+        assert run.workload.fused_cross_entropy
+        est = estimate(run.model, run.cluster, run.plan, run.workload)
+        measured = row.details["source_peak_reserved_gib"] * 2**30
+        assert 0.8 < est.memory_per_gpu_bytes.total / measured <= 1.0, row.id
+        assert est.fits, row.id
