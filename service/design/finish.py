@@ -13,6 +13,7 @@ from service.design.outputs import (
     dump_json,
     launch_command,
     log_outputs,
+    offers_service_train,
     open_parent_run,
     production_ds_config,
     ray_job_command,
@@ -220,11 +221,10 @@ def finish(
         ds = production_ds_config(plan, spec.model_copy(update={"cluster": main.cluster}))
         ds_path = dump_json(folder / "ds_config.json", ds)
         deepspeed = launch_command(plan, main.cluster, ds_path)
-        # `service train` runs the experiment's own cluster: offered when that cluster was chosen.
-        same_cluster = main.cluster == spec.cluster and experiment_path is not None
-        command = ray_job_command(experiment_path, plan) if same_cluster else deepspeed  # type: ignore[arg-type]
+        train_job = offers_service_train(spec, main.cluster, experiment_path)
+        command = ray_job_command(experiment_path, plan) if train_job else deepspeed  # type: ignore[arg-type]
         write_launch_script(
-            folder / "launch.sh", command, plan, main.cluster, deepspeed, spec.model, train_job=same_cluster
+            folder / "launch.sh", command, plan, main.cluster, deepspeed, spec.model, train_job=train_job
         )
         updates.update(
             ds_config=ds, ds_config_path=str(ds_path), launch_command=command, deepspeed_command=deepspeed

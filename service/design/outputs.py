@@ -43,6 +43,14 @@ def ray_job_command(experiment_path: str, plan: Plan) -> str:
     return shlex.join(["python", "-m", "service", "submit", "--", *train])
 
 
+def offers_service_train(spec: ExperimentSpec, cluster: ClusterSpec, experiment_path: str | None) -> bool:
+    """Whether the launch is a `service train` job: it runs the experiment's own cluster (offered when
+    that cluster was chosen), and keeps the logits, so not for a workload priced with a fused loss
+    (`Workload.fused_cross_entropy`, which `train` refuses): that one is the user's own script's."""
+    same_cluster = cluster == spec.cluster and experiment_path is not None
+    return same_cluster and not spec.workload.fused_cross_entropy
+
+
 def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> str:
     """DeepSpeed's launcher over the cluster's nodes, with the generated config.
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from service.design.outputs import ray_job_command, write_launch_script
+from service.design.outputs import offers_service_train, ray_job_command, write_launch_script
 from service.spec import ClusterSpec, Plan
 
 PLAN = Plan(dp=32, zero_stage=3, grad_accum=4)
@@ -54,3 +54,17 @@ def test_the_train_command_gets_the_weights_and_data_or_a_short_run(tmp_path: Pa
     assert tune.stdout.strip().endswith(f"--plan {PLAN.short()} --weights /ckpt --data /data/*.jsonl")
     smoke = _bash(script, PATH=path, SMOKE_TEST="1")
     assert smoke.returncode == 0 and smoke.stdout.strip().endswith("--steps 20")
+
+
+def test_a_fused_loss_workload_is_launched_with_the_users_own_script() -> None:
+    """`service train` keeps the logits and refuses a workload priced with a fused loss, so `run` offers
+    it only for the experiment's own cluster and a materialised loss; otherwise the DeepSpeed command."""
+    from service.spec import load_experiment
+
+    seed = load_experiment(Path(__file__).resolve().parents[2] / "experiments" / "llama2-13b-32xh100.yaml")
+    fused = seed.model_copy(
+        update={"workload": seed.workload.model_copy(update={"fused_cross_entropy": True})}
+    )
+    assert offers_service_train(seed, seed.cluster, "experiments/llama2-13b-32xh100.yaml")
+    assert not offers_service_train(fused, fused.cluster, "experiments/llama2-13b-32xh100.yaml")
+    assert not offers_service_train(seed, seed.cluster, None)
