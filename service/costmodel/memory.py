@@ -320,14 +320,14 @@ def logits_transient_bytes_per_token(
     linear cross-entropy holds one chunk of logits, at most tokens × h elements (Liger's chunk size,
     ceil(tokens / ceil(V/h)) rounded to a power of two): d·h per token."""
     if fused_loss:
-        return d * model.hidden_size * np.ones_like(np.asarray(tp, dtype=float))
+        return d * model.hidden_size
     return (d + FP32) * model.vocab_size / np.where(vocab_split, tp, 1)
 
 
 def fused_loss_buffer_bytes(model: ModelSpec, d: Num, fused_loss: bool) -> Num:
     """The fused linear cross-entropy's accumulator of the output layer's gradient, allocated in forward
     in the weight's dtype (Liger's `grad_weight = torch.zeros_like(weight)`): d·V·h on the last stage."""
-    return d * model.vocab_size * model.hidden_size if fused_loss else 0.0 * d
+    return d * model.vocab_size * model.hidden_size if fused_loss else 0.0
 
 
 def micro_batches_in_flight(pp: Num, grad_accum: Num, virtual_stages: Num = 1) -> Num:
