@@ -9,9 +9,10 @@ third of the time; as two streams side by side the cores stay ~90 % busy, and th
 Each test goes to one of two fixed groups (xdist's `xdist_group` marker), so the split is the same on
 every run and each stream runs its tests in file order:
 - "trials": tests/train (the proxy trials, and the session fixture two of its modules share), the
-  killed-driver and hung-trial search tests, preflight, the search CLI's
-  one-line errors and the heaviest pure-computation modules (the cross-validation, plan enumeration and
-  its benchmark): about half the suite's test time, measured with `--durations=0` on a fresh clone;
+  hung-trial search test, preflight, the search CLI's one-line errors, the heaviest pure-computation
+  modules (the cross-validation, plan enumeration and its benchmark), and, to even out the two, the
+  report, profile and tracking modules and `run`'s selection and MoE modules: about half the suite's
+  test time, measured with `--durations=0` on a fresh clone;
 - "rest": everything else. The cluster tests that start `ray start` heads stay in one stream.
 
 Without `-n` (a plain `python -m pytest ...`) the markers do nothing and the tests run serially.
@@ -27,13 +28,17 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 TRIALS = (
     "train/",
-    "search/test_resume_driver.py",
     "search/test_hang_trial.py",
     "preflight/",
     "cli/test_search.py",
     "calibrate/test_crossval.py",
     "plans/test_enumerate.py",
     "plans/test_enumeration_benchmark.py",
+    "report/",
+    "profile/",
+    "tracking/",
+    "design/test_run_select.py",
+    "design/test_moe_run.py",
 )
 
 

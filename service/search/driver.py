@@ -225,7 +225,11 @@ class Search:
             # `verbose=0` prints Tune's configuration box and a TensorBoard hint (its reporter's
             # `experiment_started` ignores the verbosity, Ray 2.60); the legacy engine at verbosity 0
             # prints nothing. The progress bar, when asked for, is ours (on stderr).
+            # A new search names its loggers itself (tuning.callbacks); a restored one keeps the callbacks
+            # it was saved with, and Tune's defaults complete them as they did when it was made.
+            loggers = {} if self._restored else {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
             with _env(
+                **loggers,
                 RAY_AIR_NEW_OUTPUT="0",
                 TUNE_DISABLE_STRICT_METRIC_CHECKING="1",
                 TUNE_GLOBAL_CHECKPOINT_S="2",

@@ -87,12 +87,19 @@ def trainable(search: TunerSettings, pr: PruneResult) -> Any:
 
 
 def callbacks(search: TunerSettings, pr: PruneResult, stop: Any) -> list[Any]:
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
     from service.search.progress import ProgressBar
     from service.search.recording import TrialRecorder
     from service.search.stopping import PlacementGroupSweeper
 
     runs_path = str(search.path / "proxy_runs")
     made = [
+        # What `Result.metrics_dataframe` reads back (service/search/collect.py); Tune's third default
+        # logger, TensorBoard's, is left out (the driver sets TUNE_DISABLE_AUTO_CALLBACK_LOGGERS): the
+        # records are in MLflow, and importing tensorboardX costs the driver ~2.5 s (cProfile here).
+        CSVLoggerCallback(),
+        JsonLoggerCallback(),
         PlacementGroupSweeper(),
         stop,
         TrialRecorder(search.target, search.name, pr.candidates, search.experiment, runs_path, search.steps),

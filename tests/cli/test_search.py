@@ -1,5 +1,5 @@
 """`python -m service search`: bad input is one line and exit 2 (no traceback, nothing lost); the
-summary a person reads. Real searches through this command run in tests/search/test_resume_driver.py."""
+summary a person reads. Real searches through this command run in tests/search/test_resume_cli.py."""
 
 from __future__ import annotations
 

@@ -95,16 +95,15 @@ def _fake_cluster_config(path: Path, gcs_port: int) -> Path:
 
 
 def _search_files(job_dir: Path) -> None:
-    """tiny-cpu with GPU workers, 3 steps; a space of two plans (ZeRO 0 and 1), run one after the
-    other (2 GPUs at most: one 2-worker trial at a time)."""
+    """tiny-cpu with GPU workers, 3 steps; a space of one plan (ZeRO 1): one 2-worker trial shows the
+    scale-up, the two-node placement and the scale-down (a second trial would only repeat them)."""
     experiment = yaml.safe_load((ROOT / "experiments/tiny-cpu.yaml").read_text())
     experiment["name"] = "tiny-fake-gpu"
     experiment["proxy"].update({"device": "cuda", "steps": STEPS, "warmup_steps": 1, "memory_limit_gib": 2})
     experiment["tracking"] = {"experiment_name": "tiny-fake-gpu"}  # the store: MLFLOW_TRACKING_URI
-    space = {"name": "fake-gpu", "params": {"zero_stage": [0, 1], "offload_optimizer": [False], "tp": [1],
+    space = {"name": "fake-gpu", "params": {"zero_stage": [1], "offload_optimizer": [False], "tp": [1],
              "micro_batch": [2], "grad_accum": [1], "recompute": ["none"]},
-             # No ASHA: with 2 trials its rung at step 2 stops the second whenever it measures slower
-             # than the first (seen in CI), and this test checks that both trials ran to the end.
+             # No ASHA: this test checks that the trial ran to the end, not whether a rung stops it.
              "search": {"algorithm": "grid", "steps": STEPS, "trial_timeout_s": 240,
                         "asha": None}}  # fmt: skip
     (job_dir / "experiment.yaml").write_text(yaml.safe_dump(experiment))
@@ -207,7 +206,7 @@ def test_gpu_search_adds_nodes_spans_two_and_idle_nodes_go(tmp_path: Path):
     # Every trial came back, ok, measured, and says it ran on CPU for want of CUDA.
     result = json.loads(out["search"])
     trials = result["trials"]
-    assert sorted(t["plan"]["zero_stage"] for t in trials) == [0, 1]
+    assert [t["plan"]["zero_stage"] for t in trials] == [1]
     for t in trials:
         assert t["status"] == "ok" and t["steps"] == STEPS, t
         assert t["measured"]["tokens_per_s"] > 0 and math.isfinite(t["measured"]["loss"]), t

@@ -1,9 +1,11 @@
 """One real `run` on tiny-cpu shared by the end-to-end, resume and memo-in-a-browser tests.
 
-It is killed once on purpose: `python -m service run` starts in a subprocess, is killed (its whole
-process group, Ray included) as soon as its first proxy trial has finished and Tune has saved it, and is
-then run again in this process on the same folder. The tests check that the finished trial was not run
-again.
+It is killed once on purpose, as a crash: `python -m service run` starts in a subprocess, its first proxy
+trial runs to the end, and its second, whose workers sleep before step STALL_STEP (the search's test
+hook, tuning.STALL_ENV), has saved its step-CHECKPOINT_STEP checkpoint. Then the driver's whole process
+group (Ray included) is killed, and the run is started again in this process on the same folder. The
+tests check that the finished trial was not run again and that the running one resumed from its
+checkpoint: the path `Search.restore` takes for `run` and for `search --resume` alike.
 """
 
 from __future__ import annotations
@@ -21,15 +23,20 @@ import pytest
 import yaml
 
 from service.report.result import RunResult
+from service.search.tuning import STALL_ENV
+from service.train.proxy_trial import read_log
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_PROXIES = 2
+STEPS = 8  # a resumed trial still has warm-up and timed steps after its checkpoint
+CHECKPOINT_STEP = 4  # proxy.checkpoint_every: the last checkpoint before the stall
+STALL_STEP = 5
 
 
 def tiny_experiment(tmp: Path, name: str = "tiny-run") -> Path:
     data = yaml.safe_load((REPO / "experiments" / "tiny-cpu.yaml").read_text())
     data["name"] = name
-    data["proxy"].update({"steps": 4, "warmup_steps": 2})
+    data["proxy"].update({"steps": STEPS, "warmup_steps": 2, "checkpoint_every": CHECKPOINT_STEP})
     data["tracking"] = {
         "uri": f"sqlite:///{tmp / 'mlflow.db'}",
         "experiment_name": name,
@@ -48,13 +55,54 @@ class TinyRun:
     tmp: Path
     killed_after: list[Path]  # outcome files of the trials that had finished when the run was killed
     mtimes: dict[str, float]  # their modification times at the kill
+    running: Path  # the Train run folder of the trial that was running (stalled) at the kill
 
     @property
     def uri(self) -> str:
         return f"sqlite:///{self.tmp / 'mlflow.db'}"
 
 
-def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400) -> list[Path]:
+def stalled_plan(experiment: Path, out: Path) -> str:
+    """The search key of the run's second proxy plan: what `run` would launch second (the first is
+    left to finish)."""
+    from service.design import steps
+    from service.design.job import Run
+
+    class Chooser(Run):  # the run's own choice of proxies, without running them
+        def _proxies(self, proxy_exp, choices):  # type: ignore[no-untyped-def]
+            self.choices = choices
+            return None, None
+
+    run = Chooser(experiment, storage_path=out.parent / "choose", max_proxies=MAX_PROXIES)
+    run._run_proxies(steps.rank_prior(run.spec, run.params))
+    assert len(run.choices) == MAX_PROXIES, run.choices
+    return run.choices[1].proxy_plan.short()
+
+
+def _kill_point(out: Path) -> tuple[list[Path], Path] | None:
+    """(finished trials' outcome files, the running trial's run folder) once the first trial has ended
+    as Tune saved it and the second has logged step STALL_STEP - 1 with its checkpoint registered."""
+    done = sorted(out.glob("search/*/proxy_runs/trial-*/outcome.json"))
+    if len(done) != 1 or not _tune_saved(done):
+        return None
+    running = [p for p in done[0].parents[1].glob("trial-*") if p != done[0].parent]
+    if len(running) != 1:
+        return None
+    snapshot = running[0] / "checkpoint_manager_snapshot.json"
+    try:
+        registered = [
+            int(r["metrics"]["step"]) for r in json.loads(snapshot.read_text())["checkpoint_results"]
+        ]
+    except (OSError, ValueError, KeyError):  # not there yet, or being written
+        return None
+    records, _ = read_log(running[0])
+    logged = [int(r["step"]) for r in records]
+    if CHECKPOINT_STEP in registered and STALL_STEP - 1 in logged:
+        return done, running[0]
+    return None
+
+
+def _kill_at_the_stall(experiment: Path, out: Path, timeout_s: float = 500) -> tuple[list[Path], Path]:
     cmd = [
         sys.executable,
         "-m",
@@ -67,21 +115,26 @@ def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400)
         str(MAX_PROXIES),
         "--json",
     ]
+    stall = {"plan": stalled_plan(experiment, out), "step": STALL_STEP, "seconds": 900}
+    env = {**os.environ, STALL_ENV: json.dumps(stall)}
     log = (out.parent / "killed-run.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.monotonic() + timeout_s
-    done: list[Path] = []
+    point = None
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            done = sorted(out.glob("search/*/proxy_runs/trial-*/outcome.json"))
-            if done and _tune_saved(done):
+            point = _kill_point(out)
+            if point is not None:
                 # Stop the driver, and kill it only while Tune's saved state is whole: Tune rewrites it
                 # in place every 2 s, and a kill during a write cuts it off (the search is then not
                 # continued: service.search.state.tune_state_problem).
                 os.killpg(proc.pid, signal.SIGSTOP)
-                if _tune_saved(done):
+                if _tune_saved(point[0]):
                     break
                 os.killpg(proc.pid, signal.SIGCONT)
+                point = None
             time.sleep(0.2)
     finally:
         if proc.poll() is None:
@@ -89,7 +142,9 @@ def _kill_after_first_trial(experiment: Path, out: Path, timeout_s: float = 400)
         proc.wait()
         _kill_session(proc.pid)
         log.close()
-    return done
+    if point is None:
+        pytest.fail(f"the kill point was not reached:\n{(out.parent / 'killed-run.log').read_text()[-3000:]}")
+    return point
 
 
 def _tune_saved(finished: list[Path]) -> bool:
@@ -128,7 +183,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> TinyRun:
     tmp = tmp_path_factory.mktemp("tiny-run")
     experiment = tiny_experiment(tmp)
     out = tmp / "out"
-    finished = _kill_after_first_trial(experiment, out)
+    finished, running = _kill_at_the_stall(experiment, out)
     mtimes = {str(p): p.stat().st_mtime for p in finished}
     result = Run(experiment, storage_path=out, max_proxies=MAX_PROXIES).fit()
-    return TinyRun(result, experiment, out, tmp, finished, mtimes)
+    return TinyRun(result, experiment, out, tmp, finished, mtimes, running)

@@ -1,5 +1,6 @@
-"""`run` end to end on tiny-cpu (real Ray Tune proxies, DeepSpeed workers, MLflow), killed once and
-restarted; then `report` rebuilds its memo and `run --json --no-proxies` prints one JSON document."""
+"""`run` end to end on tiny-cpu (real Ray Tune proxies, DeepSpeed workers, MLflow), killed once in its
+second trial and restarted (tests/design/conftest.py); then `report` rebuilds its memo and
+`run --json --no-proxies` prints one JSON document."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from service.train.proxy_trial import read_log
+from tests.design.conftest import CHECKPOINT_STEP, STEPS
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +55,7 @@ def test_run_selects_calibrates_and_writes_outputs(tiny_run) -> None:
     assert saved["selected_label"] == r.selected_label and saved["mlflow_run_id"] == r.mlflow_run_id
 
 
-def test_killed_run_restarted_reruns_no_finished_trial(tiny_run) -> None:
+def test_killed_run_restarted_reruns_no_finished_trial_and_resumes_the_running_one(tiny_run) -> None:
     assert tiny_run.killed_after, "the run was killed before any proxy trial finished"
     for outcome in tiny_run.killed_after:
         assert outcome.stat().st_mtime == tiny_run.mtimes[str(outcome)]  # not written again
@@ -62,6 +64,13 @@ def test_killed_run_restarted_reruns_no_finished_trial(tiny_run) -> None:
     trial_ids = {p.parent.name.removeprefix("trial-") for p in tiny_run.killed_after}
     assert trial_ids <= {p.trial_id for p in tiny_run.result.proxies}
     assert len(list(tiny_run.out.glob("search/*/search_state.json"))) == 1  # one search, continued
+    # The trial that was running at the kill started again from its last checkpoint, not from step 0,
+    # and ran to the end.
+    starts = [json.loads(line) for line in (tiny_run.running / "proxy_log.jsonl").read_text().splitlines()]
+    assert [int(r["step"]) for r in starts if r["event"] == "start"] == [0, CHECKPOINT_STEP]
+    running = next(p for p in tiny_run.result.proxies if tiny_run.running.name == f"trial-{p.trial_id}")
+    records, _ = read_log(tiny_run.running)
+    assert running.status == "ok" and [int(r["step"]) for r in records] == list(range(1, STEPS + 1))
 
 
 def test_mlflow_parent_run_has_trials_memo_and_selected_plan(tiny_run) -> None:
@@ -75,6 +84,9 @@ def test_mlflow_parent_run_has_trials_memo_and_selected_plan(tiny_run) -> None:
     )
     child_ids = {c.info.run_id for c in children}
     assert {p.mlflow_run_id for p in r.proxies} <= child_ids
+    # one child run per trial, the killed run's and the restarted run's records in the same ones
+    trials = sorted(c.data.tags["trial_id"] for c in children if "trial_id" in c.data.tags)
+    assert trials == sorted(p.trial_id for p in r.proxies)
     names = {a.path for a in client.list_artifacts(r.mlflow_run_id, "run")}
     assert {"run/memo.md", "run/memo.html", "run/ds_config.json", "run/result.json"} <= names
 

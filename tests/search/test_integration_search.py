@@ -53,6 +53,10 @@ def test_pruned_plans_are_recorded_and_never_launched(tiny_search) -> None:
     assert not launched & pruned_labels
     runs = sorted(p.name for p in (search_dir / "proxy_runs").iterdir())
     assert runs == sorted(f"trial-{t.trial_id}" for t in result.trials)  # no Train run for a pruned plan
+    # Tune's CSV and JSON loggers (what the trials' records are read back from), not its TensorBoard one
+    for t in result.trials:
+        assert (Path(t.path) / "progress.csv").is_file() and (Path(t.path) / "result.json").is_file()
+    assert not list(search_dir.rglob("events.out.tfevents*"))
 
 
 def test_mlflow_parent_and_child_runs(tiny_search) -> None:
