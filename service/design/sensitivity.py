@@ -126,8 +126,7 @@ def sensitivity(
     nominal_row = nominal.selection.selected
     labels = nominal.plans
     objective = budget.objective
-    # The tie group's width as a regret (fraction); the resolution is a log ratio (plans/select.py).
-    resolution = math.expm1(nominal.selection.resolution)
+    tie_regret = nominal.selection.tie_regret
     feasible_nominal = np.isin(nominal.selection.status, MEETS_BUDGET)
     runs: list[tuple[Lever, Scored, np.ndarray]] = []
     worst = np.where(feasible_nominal, 0.0, np.inf)
@@ -161,7 +160,7 @@ def sensitivity(
     broken = [sc.name for sc in scenarios if sc.selected_label is None]
     if broken:
         note += "; no plan meets the budget under: " + ", ".join(broken)
-    flips = [] if chosen is None else [lv.name for lv, _, r in runs if r[chosen] > resolution]
+    flips = [] if chosen is None else [lv.name for lv, _, r in runs if r[chosen] > tie_regret]
     chosen_label = labels.row(chosen).short() if chosen is not None else None
     return (
         Sensitivity(
@@ -244,7 +243,7 @@ def _flip_line(
         return ""
     parts = [f"the choice leaves the best plan's tie group under: {', '.join(flips)}"] if flips else []
     cluster = nominal.cluster
-    resolution = math.expm1(nominal.selection.resolution)  # as a regret, like the tie group's width
+    tie_regret = nominal.selection.tie_regret
     if cluster.num_nodes > 1:
         own = cluster.gpu.inter_node_bandwidth_gb_per_s
 
@@ -256,13 +255,13 @@ def _flip_line(
         above = own
         for bw in (b for b in FLIP_SEARCH_GB_PER_S if b < own):
             s, r = regret_at(bw)
-            if r[chosen] > resolution:
+            if r[chosen] > tie_regret:
                 # Bisect (geometrically) between the halving grid's last kept and first flipped bandwidth.
                 low, high = bw, above
                 for _ in range(FLIP_REFINE_STEPS):
                     mid = math.sqrt(low * high)
                     s_mid, r_mid = regret_at(mid)
-                    if r_mid[chosen] > resolution:
+                    if r_mid[chosen] > tie_regret:
                         low, s, r = mid, s_mid, r_mid
                     else:
                         high = mid

@@ -21,6 +21,7 @@ that meets the deadline, or the fastest plan when none does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,6 +59,12 @@ class Selection:
     resolution: float = 0.0  # log ratio within which plans tie
     tie_note: str = ""
     risk: Risk | None = None
+
+    @property
+    def tie_regret(self) -> float:
+        """The tie group's width as a regret (how much worse than the best a plan may be, a fraction):
+        `resolution` is a log ratio, so e^resolution − 1."""
+        return math.expm1(self.resolution)
 
     def status_name(self, row: int | None) -> str:
         return "-" if row is None else STATUSES[self.status[row]]

@@ -36,6 +36,8 @@ def test_plans_within_the_resolution_tie_and_the_safest_wins():
     assert sel.risk is not None
     assert sel.risk.why_riskier(1, 2)[1:] == ["has more moving parts (ZeRO++ hpZ)"]
     assert sel.risk.why_riskier(1, 2)[0].startswith("uses a feature with defects reported open (hpZ:")
+    # the group's width as a regret: 5 % (what the sensitivity compares a plan's regret with)
+    assert abs(sel.tie_regret - 0.05) < 1e-12
 
 
 def test_a_feature_with_open_defects_loses_a_tie_before_memory_margin_and_moving_parts():
