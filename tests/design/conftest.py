@@ -95,7 +95,10 @@ def _kill_point(out: Path) -> tuple[list[Path], Path] | None:
         ]
     except (OSError, ValueError, KeyError):  # not there yet, or being written
         return None
-    records, _ = read_log(running[0])
+    try:
+        records, _ = read_log(running[0])
+    except ValueError:  # a line being written
+        return None
     logged = [int(r["step"]) for r in records]
     if CHECKPOINT_STEP in registered and STALL_STEP - 1 in logged:
         return done, running[0]
