@@ -1,6 +1,6 @@
-"""One real search shared by the integration, library-call, unschedulable and MLflow-UI tests (it is the
-expensive part: three proxy trials of a tiny Llama on a local 2-worker Ray cluster), each test checking
-a different thing of the same run.
+"""One real search shared by the integration, library-call, unschedulable, MLflow-UI and `search --resume`
+tests (it is the expensive part: three proxy trials of a tiny Llama on a local 2-worker Ray cluster),
+each test checking a different thing of the same run.
 
 The experiment is tiny-cpu with a 2 GiB memory cap per worker, and the space is built so that each
 path shows once: micro-batch 1024 is predicted to fit (24 GiB "device") but exceeds the cap for real
