@@ -251,21 +251,41 @@ def exposed_comm_s(
     return np.asarray(dp_comm, dtype=float)
 
 
+def in_series(first: ZeroTraffic, second: ZeroTraffic) -> ZeroTraffic:
+    """Two slices' collectives issued one after the other in the same windows (a MoE model's dense and
+    expert gradients: Megatron-Core reduces its expert buffers on the same stream after the dense ones,
+    DeepSpeed's ZeRO 1-2 reduce the expert parameter groups in the same bucket flow), so they hide
+    behind one window's compute together, not each behind all of it. `psi` and `regather` stay the
+    first slice's (what `optimizer_step_s` and the offload fetches read)."""
+    return ZeroTraffic(
+        psi=first.psi,
+        fsdp=first.fsdp,
+        all_reduce=first.all_reduce + second.all_reduce,
+        reduce=first.reduce + second.reduce,
+        gather=first.gather + second.gather,
+        per_micro_batch=first.per_micro_batch + second.per_micro_batch,
+        unhidden=first.unhidden + second.unhidden,
+        list_copies=first.list_copies + second.list_copies,
+        per_step=first.per_step + second.per_step,
+        regather=first.regather,
+    )
+
+
 def exposed_offload_s(
     t: ZeroTraffic,
-    model: ModelSpec,
+    slices: list[offload_mod.OffloadSlice],
     p: PlanTable,
     fwd: np.ndarray,
     bwd: np.ndarray,
     gpu: GPUSpec,
     contention: float = 0.0,
 ) -> np.ndarray:
-    """Host offload's exposed time (offload.py): its copies hide in series with the collectives of their
-    window, a micro-batch (stages 2-3) or the reducing backward (stage 1); no window without overlap
-    (contention 1)."""
+    """Host offload's exposed time for `slices` (offload.py): their copies hide in series with the
+    collectives `t` of their window, a micro-batch (stages 2-3) or the reducing backward (stage 1); no
+    window without overlap (contention 1)."""
     hideable = np.where(p.zero_stage == 3, t.per_micro_batch - t.unhidden, t.reduce)
     window = np.where(contention < 1.0, np.where(p.zero_stage == 3, fwd + bwd, bwd), 0.0)
-    return np.asarray(offload_mod.offload_time_s(model, p, t.psi, 2.0 + t.regather, hideable, window, gpu))
+    return np.asarray(offload_mod.offload_time_s(p, slices, 2.0 + t.regather, hideable, window, gpu))
 
 
 def optimizer_step_s(t: ZeroTraffic, p: PlanTable, gpu: GPUSpec) -> np.ndarray:

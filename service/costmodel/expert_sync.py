@@ -1,6 +1,7 @@
 """The routed experts' data-parallel sync: their gradients reduced (and ZeRO's gathers) over the
-expert-data-parallel group, priced and overlapped by the dense slice's rules (costmodel/data_parallel.py),
-and their optimizer step; the rest of a MoE model's terms are in costmodel/moe.py."""
+expert-data-parallel group, priced by the dense slice's rules (costmodel/data_parallel.py) and run in
+series with the dense slice's in the same windows; their optimizer step, on the GPU or offloaded with the
+dense one (offload.py). The rest of a MoE model's terms are in costmodel/moe.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import numpy as np
 
 from service.costmodel import comm, compute
 from service.costmodel import memory as mem
-from service.costmodel.data_parallel import ZeroTraffic, block_sharded, exposed_comm_s
+from service.costmodel.data_parallel import ZeroTraffic, block_sharded
 from service.costmodel.moe import expert_data_parallel, expert_params_per_gpu
+from service.costmodel.offload import OffloadSlice
 from service.costmodel.types import Num
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
@@ -55,26 +57,37 @@ def expert_gradient_traffic(
     )
 
 
-def data_parallel_s(
+def traffic(
     model: ModelSpec,
     p: PlanTable,
     moe_blocks: Num,
     gpus_per_node: int,
     gpu: GPUSpec,
     links: comm.Links,
-    fwd: np.ndarray,
-    bwd: np.ndarray,
-    contention: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(exposed expert gradient sync, expert optimizer step) of one step for a stage's `moe_blocks`,
-    the sync behind one micro-batch's `fwd` and `bwd` as the dense slice's (`expert_gradient_traffic`);
-    zeros for a dense model."""
+) -> ZeroTraffic | None:
+    """The collectives of the experts of a stage's `moe_blocks` (`expert_gradient_traffic`), which run
+    in series with the dense slice's (data_parallel.in_series); None for a dense model."""
     if model.moe is None:
-        return np.zeros(len(p)), np.zeros(len(p))
+        return None
     psi = expert_params_per_gpu(model, moe_blocks, p)
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    traffic = expert_gradient_traffic(psi, p, gb, pb, gpus_per_node, gpu, links)
-    exposed = exposed_comm_s(traffic, p, fwd, bwd, contention)
+    return expert_gradient_traffic(psi, p, gb, pb, gpus_per_node, gpu, links)
+
+
+def offload_slice(model: ModelSpec, p: PlanTable, moe_blocks: Num) -> OffloadSlice:
+    """The routed experts as offload moves them (offload.py): sharded over the expert-data-parallel
+    group, no tensor kept whole on the GPU, no hpZ partition."""
+    psi = expert_params_per_gpu(model, moe_blocks, p)
+    return OffloadSlice(psi, np.asarray(expert_data_parallel(p), dtype=float), psi, np.ones(len(p)))
+
+
+def optimizer_step_s(model: ModelSpec, p: PlanTable, moe_blocks: Num, gpu: GPUSpec) -> np.ndarray:
+    """The experts' GPU optimizer step over this rank's shard (ZeRO ≥ 1 shards it over the expert-data-
+    parallel group); none when the optimizer is offloaded (its CPU Adam is offload.py's); zeros for a
+    dense model."""
+    if model.moe is None:
+        return np.zeros(len(p))
+    psi = expert_params_per_gpu(model, moe_blocks, p)
     shard = psi / np.where(p.zero_stage >= 1, expert_data_parallel(p), 1)
     step = np.where(p.offload_optimizer, 0.0, compute.optimizer_step_time_s(shard, gpu))
-    return np.asarray(exposed, dtype=float), np.asarray(step, dtype=float)
+    return np.asarray(step, dtype=float)

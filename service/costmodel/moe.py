@@ -149,14 +149,18 @@ def expert_state_bytes(
     group (ZeRO, Rajbhandari et al. 2020 §5, applied to the experts' own group: DeepSpeed's stage_1_and_2.py
     partitions each MoE parameter group over `expert_data_parallel_group`; Megatron's distributed
     optimizer shards expert states over the expert-data-parallel group). Offload moves them as the dense
-    states move (the flags are the plan's)."""
+    states move (step_memory.model_states; the flags are the plan's): the optimizer states to the host
+    and, from stage 2, the fp32 gradient partition there too, stage 2 accumulating its gradients straight
+    into that host buffer; parameter offload (stage 3) moves the parameter partitions."""
     edp = expert_data_parallel(p)
     z = p.zero_stage
     params = param_bytes * psi_expert / np.where(z >= 3, edp, 1)
     grads = grad_bytes * psi_expert / np.where(z >= 2, edp, 1)
     optimizer = optimizer_bytes * psi_expert / np.where(z >= 1, edp, 1)
     host = np.where(p.offload_optimizer, optimizer, 0.0) + np.where(p.offload_params, params, 0.0)
+    host = host + np.where(p.offload_optimizer & (z >= 2), 4.0 * psi_expert / edp, 0.0)
     optimizer = np.where(p.offload_optimizer, 0.0, optimizer)
+    grads = np.where(p.offload_optimizer & (z == 2), 0.0, grads)
     params = np.where(p.offload_params, 0.0, params)
     return params, grads, optimizer, host
 

@@ -56,6 +56,8 @@ CPUOffload (parameters and optimizer together) is priced with DeepSpeed's ZeRO-3
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from service.costmodel import comm
@@ -152,39 +154,67 @@ def copy_exposed_s(copy_s: Num, collective_s: Num, compute_s: Num) -> np.ndarray
     return np.asarray(over, dtype=float)
 
 
+@dataclass(frozen=True)
+class OffloadSlice:
+    """Parameters one optimizer's states cover, as offload moves them: `psi` per GPU before sharding,
+    sharded over `shards` ranks; `on_host` of them live on the host under parameter offload (ZeRO-3's
+    partitions, less the tensors it keeps whole on the GPU); `hpz` ranks share hpZ's secondary partition
+    (1 = none). A dense model is one slice; a MoE model's routed experts are a second, sharded over
+    their own expert-data-parallel group (costmodel/expert_sync.py)."""
+
+    psi: np.ndarray
+    shards: np.ndarray
+    on_host: np.ndarray
+    hpz: np.ndarray
+
+
+def dense_slice(model: ModelSpec, p: PlanTable, psi: Num) -> OffloadSlice:
+    """The dense view's slice: sharded over the plan's dp·cp ranks (or its shard group), ZeRO-3 keeping
+    its persistent tensors on the GPU."""
+    psi = np.asarray(psi, dtype=float)
+    persistent = mem.zero3_persistent_params(model, p.tp, p.pp, p.virtual_stages)
+    shards, hpz = np.asarray(hz.shard_ranks(p)), np.asarray(p.zero_hpz_partition_size)
+    return OffloadSlice(psi, shards, psi - persistent, hpz)
+
+
 def offload_time_s(
-    model: ModelSpec,
     p: PlanTable,
-    psi: Num,
+    slices: list[OffloadSlice],
     gathers_per_micro_batch: Num,
     collective_s: Num,
     compute_s: Num,
     gpu: GPUSpec,
 ) -> np.ndarray:
-    """Exposed offload time per step: the parameter fetches and gradient copies behind compute (in series
-    with the collectives: `copy_exposed_s`), plus CPU Adam, the updated parameters' copy and hpZ's
-    secondary write-back, which nothing hides.
+    """Exposed offload time per step of all `slices`: the parameter fetches and gradient copies behind
+    compute (in series with the collectives, and with each other: one PCIe link, `copy_exposed_s`),
+    plus CPU Adam over every slice's shard, the updated parameters' copy and hpZ's secondary write-back,
+    which nothing hides.
 
-    `psi`: the busiest stage's parameters per GPU before ZeRO; `gathers_per_micro_batch`: ZeRO-3's
-    parameter gathers per micro-batch in units of the whole shard (2, more under full recompute where
-    DeepSpeed gathers again: data_parallel.regathered_fraction). `collective_s` and `compute_s`: one
-    hiding window's hideable collectives and compute. The window is a micro-batch for stages 2-3 (stage
-    3: gathers and reductions behind forward and backward; stage 2: reductions behind backward) and the
-    step's one reducing backward for stage 1; `compute_s` = 0 where collectives are not overlapped."""
+    `gathers_per_micro_batch`: ZeRO-3's parameter gathers per micro-batch in units of the whole shard
+    (2, more under full recompute where DeepSpeed gathers again: data_parallel.regathered_fraction).
+    `collective_s` and `compute_s`: one hiding window's hideable collectives and compute. The window is a
+    micro-batch for stages 2-3 (stage 3: gathers and reductions behind forward and backward; stage 2:
+    reductions behind backward) and the step's one reducing backward for stage 1; `compute_s` = 0 where
+    collectives are not overlapped."""
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    shards = hz.shard_ranks(p)
-    psi = np.asarray(psi, dtype=float)
-    shard = psi / shards  # offload needs ZeRO ≥ 1: the states are sharded
-    offloaded = psi - mem.zero3_persistent_params(model, p.tp, p.pp, p.virtual_stages)  # stage 3's
-    hpz, ga = p.zero_hpz_partition_size, p.grad_accum
-    fetch = param_fetch_bytes_per_step(offloaded, pb, shards, hpz, gathers_per_micro_batch, ga)
-    down, up = grad_copy_bytes_per_step(shard, gb, p.zero_stage, ga)
-    behind = np.where(p.offload_params, fetch, 0.0) + np.where(p.offload_optimizer, down + up, 0.0)
+    ga = p.grad_accum
+    behind = np.zeros(len(p))
+    serial = np.zeros(len(p))
+    cpu = np.zeros(len(p))
+    for piece in slices:
+        shard = piece.psi / piece.shards  # offload needs ZeRO ≥ 1: the states are sharded
+        fetch = param_fetch_bytes_per_step(
+            piece.on_host, pb, piece.shards, piece.hpz, gathers_per_micro_batch, ga
+        )
+        down, up = grad_copy_bytes_per_step(shard, gb, p.zero_stage, ga)
+        behind = behind + np.where(p.offload_params, fetch, 0.0)
+        behind = behind + np.where(p.offload_optimizer, down + up, 0.0)
+        serial = serial + updated_param_copy_bytes_per_step(shard, pb, p.offload_optimizer, p.offload_params)
+        write_back = hpz_secondary_write_bytes_per_step(piece.on_host, pb, piece.hpz)
+        serial = serial + np.where(p.offload_params, write_back, 0.0)
+        cpu = cpu + np.where(p.offload_optimizer, cpu_adam_time_s(shard, gpu), 0.0)
     windows = np.where(p.zero_stage == 1, 1, ga)
     copies = comm.host_transfer_time_s(behind / windows, gpu)
     hidden = windows * copy_exposed_s(copies, collective_s, compute_s)
-    serial = updated_param_copy_bytes_per_step(shard, pb, p.offload_optimizer, p.offload_params)
-    serial = serial + np.where(p.offload_params, hpz_secondary_write_bytes_per_step(offloaded, pb, hpz), 0.0)
-    cpu = np.where(p.offload_optimizer, cpu_adam_time_s(shard, gpu), 0.0)
     offload = hidden + cpu + comm.host_transfer_time_s(serial, gpu)
     return np.asarray(np.where(p.offload_optimizer | p.offload_params, offload, 0.0), dtype=float)

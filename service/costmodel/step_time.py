@@ -15,6 +15,7 @@ from service.costmodel import (
     expert_sync,
     fp8,
     moe,
+    offload,
     pipeline_parallel,
     tensor_parallel,
 )
@@ -181,19 +182,44 @@ def step_time_terms(
     # micro-batch's forward and backward, as the other overlapped collectives hide.
     a2a = experts_a2a * (2 + ((p.recompute == 2) | (megatron_modules & ("moe" in modules))))
     ep_mb = np.where(p.ep_comm_overlap, comm.overlapped_exposed_s(a2a, fwd + bwd, contention), a2a)
+    # Each stream above hides behind the micro-batch's compute as if it ran alone; together they hide
+    # at most that compute (comm.share_window). Raw times: the same rules with nothing hidden.
+    cp_raw = layers * context.exposed_per_layer_s(
+        model, p, tokens, d, 0.0 * attention_layer, backward_ratio, gpn, gpu, net
+    )
+    tp_raw = tensor_parallel.tp_comm_per_micro_batch_s(model, p, tp_ar, gemm / layers, 1.0) * layers
+    pp_raw = pipeline_parallel.pp_comm_per_micro_batch_s(
+        cluster, p, tokens * model.hidden_size * d, gpu, net, fwd + bwd, 1.0
+    )
+    streams = [(tp_raw, tp_mb, contention), (cp_raw, cp_mb, 0.0), (pp_raw, pp_mb, contention)]
+    (tp_mb, cp_mb, pp_mb, ep_mb), hidden_mb = comm.share_window(
+        [*streams, (a2a, ep_mb, contention)], fwd + bwd + recompute
+    )
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     bubble = (p.pp - 1) / v * slot
 
     legacy_lists = workload.zero3_collectives == "per_tensor_lists"
     zero = data_parallel.zero_traffic(model, cluster, p, gpu, net, legacy_lists)
-    dp_comm = data_parallel.exposed_comm_s(zero, p, fwd, bwd, contention)
-    offload = data_parallel.exposed_offload_s(zero, model, p, fwd, bwd, gpu, contention)
+    # A MoE model's expert gradients reduce over their own group, in series with the dense ones in the
+    # same windows; offload moves both slices' states, CPU Adam steps both.
+    expert_traffic = expert_sync.traffic(whole, p, moe_blocks, gpn, gpu, net)
+    window = zero if expert_traffic is None else data_parallel.in_series(zero, expert_traffic)
+    slices = [offload.dense_slice(model, p, zero.psi)]
+    if expert_traffic is not None:
+        slices.append(expert_sync.offload_slice(whole, p, moe_blocks))
+    dp_comm = data_parallel.exposed_comm_s(window, p, fwd, bwd, contention)
+    offload_s = data_parallel.exposed_offload_s(window, slices, p, fwd, bwd, gpu, contention)
     optimizer_step = data_parallel.optimizer_step_s(zero, p, gpu)
+    optimizer_step = optimizer_step + expert_sync.optimizer_step_s(whole, p, moe_blocks, gpu)
     ga = p.grad_accum
-    expert_dp, expert_step = expert_sync.data_parallel_s(
-        whole, p, moe_blocks, cluster.gpus_per_node, gpu, net, fwd, bwd, contention
+    # The data-parallel collectives and the offload copies hide in the compute the micro-batch streams
+    # left (host copies pay no SM contention: offload.py).
+    dp_raw = data_parallel.exposed_comm_s(window, p, fwd, bwd, 1.0)
+    offload_raw = data_parallel.exposed_offload_s(window, slices, p, fwd, bwd, gpu, 1.0)
+    (dp_comm, offload_s), _ = comm.share_window(
+        [(dp_raw, dp_comm, contention), (offload_raw, offload_s, 0.0)],
+        ga * (fwd + bwd + recompute - hidden_mb),
     )
-    dp_comm, optimizer_step = dp_comm + expert_dp, optimizer_step + expert_step
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
     # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
     overhead = params["step_overhead_s"] + ga * params["microstep_overhead_s"]
@@ -206,7 +232,7 @@ def step_time_terms(
         "pp_comm": ga * pp_mb,
         "ep_comm": ga * ep_mb,
         "bubble": bubble,
-        "offload": offload,
+        "offload": offload_s,
         "overhead": np.asarray(overhead, dtype=float),
     }
 

@@ -253,3 +253,25 @@ def _logits(model: ModelSpec, table: PlanTable, gpu, peak) -> np.ndarray:
     assert model.moe is not None
     t = moe.tokens_dispatched(table, 4096)
     return np.asarray(compute.gemm_time_s(t, model.moe.num_experts, model.hidden_size, gpu, peak, 2.0))
+
+
+def test_optimizer_offload_steps_the_experts_on_the_cpu_and_moves_their_gradients():
+    """ZeRO-2 with the optimizer offloaded: CPU Adam steps the experts' shard too (a MoE model's largest
+    slice), and their gradient partition leaves the GPU for the host's fp32 buffer, as the dense one does
+    (offload.py, step_memory.model_states)."""
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    plans = [
+        Plan(dp=32, ep=8, zero_stage=2, offload_optimizer=off, micro_batch=1, grad_accum=8, recompute="full")
+        for off in (False, True)
+    ]
+    on_gpu, offloaded = (estimate(MIXTRAL, cluster, p, WORK) for p in plans)
+    edp = 32 // 8
+    shard = MIXTRAL.expert_params_per_moe_layer * MIXTRAL.num_moe_layers / 8 / edp  # one rank's expert shard
+    cpu_adam_s = shard / (cluster.gpu.cpu_adam_gparams_per_s * 1e9)
+    assert offloaded.time_breakdown_s.offload > cpu_adam_s > 1.0  # 1.41 G expert params at 1 G/s
+    assert offloaded.step_time_s > on_gpu.step_time_s + cpu_adam_s - 0.1  # the GPU step it saves is small
+    expert_grads = 2 * shard  # bf16, ZeRO-2 shards them over the expert-data-parallel group
+    assert on_gpu.memory_per_gpu_bytes.grads >= expert_grads
+    assert offloaded.memory_per_gpu_bytes.grads == 0
+    # the host holds the experts' fp32 master, moments and gradient partition: 16 bytes per parameter
+    assert offloaded.memory_per_gpu_bytes.cpu_offload >= 16 * shard
