@@ -340,6 +340,8 @@ class Planner:
             self.params,
             spec.engines,
             spec.quantized_collectives,
+            # hours and dollars as `run` prices them: interruptions, checkpoints and restarts included
+            goodput=spec.goodput,
         )
         sel, plans, est = ranking.selection, ranking.enumeration.plans, ranking.estimates
 

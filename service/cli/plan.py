@@ -156,7 +156,8 @@ def _describe(entry: Any, title: str) -> list[str]:
         f"  {est.tokens_per_s:,.0f} tokens/s ({span(est.tokens_per_s_interval, label='80 % interval ')}; "
         f"{est.tokens_per_s_per_gpu:,.0f} per GPU), MFU {est.mfu:.1%}, step {est.step_time_s:.2f} s",
         f"  {est.hours:,.1f} h ({span(est.hours_interval, ',.1f')}), "
-        f"${est.dollars:,.0f} ({span(est.dollars_interval, ',.0f', '$')})",
+        f"${est.dollars:,.0f} ({span(est.dollars_interval, ',.0f', '$')}), "
+        "interruptions, checkpoints and restarts included",
         f"  parameter set {est.params.name!r}, fit on {len(est.params.fit_on)} sources "
         f"({est.params.fit_runs} runs); interval: {est.params.interval}",
         "  memory per GPU (GiB):",

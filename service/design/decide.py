@@ -6,8 +6,8 @@ expected wall-clock of the run, interruptions, checkpoints and restarts included
 (service/costmodel/goodput.py), so the budget is checked against what the run will really cost.
 
 The nominal choice is kept unless, in some scenario, it is more than `ROBUST_TOLERANCE` worse than
-that scenario's best while another plan, within the tolerance of the nominal best, stays closer to
-every scenario's best (min-max regret, `robust_choice`).
+that scenario's best while another plan of its tie group, within the tolerance of the nominal best,
+stays closer to every scenario's best (min-max regret, `robust_choice`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,12 @@ class Scored:
         """Lower is better: dollars (cost) or −tokens/s (throughput)."""
         return self.est.dollars if objective == "cost" else -self.est.tokens_per_s
 
+    def regret_values(self, objective: str) -> np.ndarray:
+        """What regrets compare on this cluster, lower is better: hours for cost (dollars are hours ×
+        the cluster's price, so the ratios are the same, and still defined at a price of 0) or
+        −tokens/s (throughput)."""
+        return self.est.hours if objective == "cost" else -self.est.tokens_per_s
+
 
 def score(
     model: ModelSpec,
@@ -89,22 +95,30 @@ def score(
 
 
 def regret(values: np.ndarray, best: float, objective: str) -> np.ndarray:
-    """How much worse each value is than `best` (fraction; 0 = as good). Values: `Scored.objective`."""
+    """How much worse each value is than `best` (fraction; 0 = as good). Values: `Scored.regret_values`
+    (hours for cost, −tokens/s for throughput)."""
     if objective == "cost":
         return values / best - 1.0
     return best / values - 1.0  # values are −tokens/s: the ratio of tokens/s
 
 
 def robust_choice(
-    nominal_row: int, values: np.ndarray, feasible: np.ndarray, worst: np.ndarray, objective: str
+    nominal_row: int,
+    values: np.ndarray,
+    allowed: np.ndarray,
+    worst: np.ndarray,
+    objective: str,
+    best: float,
 ) -> int:
-    """The nominal best, unless it is more than `ROBUST_TOLERANCE` off some scenario's best while a plan
-    within the tolerance of it nominally stays closer to every scenario's best (min-max regret).
+    """The nominal choice, unless it is more than `ROBUST_TOLERANCE` off some scenario's best while an
+    allowed plan within the tolerance of the nominal best (`best`) stays closer to every scenario's best
+    (min-max regret).
 
-    `values`: the nominal objective (`Scored.objective`); `feasible`: meets the budget nominally;
-    `worst`: each plan's largest regret over the scenarios (inf where it misses a scenario's budget).
+    `values`: the nominal objective (`Scored.regret_values`); `allowed`: the plans that may replace the
+    choice (the caller's: its tie group, no riskier); `worst`: each plan's largest regret over the
+    scenarios (inf where it misses a scenario's budget).
     """
-    near = feasible & (regret(values, float(values[nominal_row]), objective) <= ROBUST_TOLERANCE)
+    near = allowed & (regret(values, best, objective) <= ROBUST_TOLERANCE)
     candidates = np.flatnonzero(near)
     if not len(candidates) or worst[nominal_row] <= ROBUST_TOLERANCE:
         return nominal_row

@@ -43,7 +43,8 @@ def expert_parallelism(
         label = plans.row(best).short()
         families.append(ExpertFamily(ep=int(ep), label=label, tokens_per_s=float(est.tokens_per_s[best]),
                                      all_to_all_share=float(share[best])))  # fmt: skip
-    families.sort(key=lambda f: -f.tokens_per_s if budget.objective == "throughput" else f.tokens_per_s)
+    # Fastest first under either objective: on one cluster the fastest plan is also the cheapest.
+    families.sort(key=lambda f: -f.tokens_per_s)
     cases = []
     for imbalance in sorted({*IMBALANCE_CASES, workload.moe_load_imbalance}):
         w = workload.model_copy(update={"moe_load_imbalance": imbalance})

@@ -141,8 +141,12 @@ def sensitivity(
     else:
         # A more robust plan may replace the nominal choice, but not one riskier on what the tie rule
         # puts first (offload, open defects, memory margin): robustness to a scenario does not buy those.
-        allowed = feasible_nominal & ~_riskier(nominal, nominal_row)
-        chosen = robust_choice(nominal_row, nominal.objective(objective), allowed, worst, objective)
+        # Nor may it leave the tie group: outside it the model can tell the plans apart.
+        in_group = np.isin(np.arange(len(labels)), nominal.selection.ties)
+        allowed = feasible_nominal & in_group & ~_riskier(nominal, nominal_row)
+        values = nominal.regret_values(objective)
+        best = float(values[feasible_nominal].min())
+        chosen = robust_choice(nominal_row, values, allowed, worst, objective, best)
         note = _robust_note(labels, nominal_row, chosen, worst)
     scenarios = [
         Scenario(
@@ -194,7 +198,7 @@ def scenario_regret(s: Scored, objective: str) -> np.ndarray:
     """Each plan's regret against the scenario's best objective (inf where it misses the budget; 0 for
     every plan when none meets it: nothing to prefer, reported as a risk)."""
     feasible = np.isin(s.selection.status, MEETS_BUDGET)
-    values = s.objective(objective)
+    values = s.regret_values(objective)
     if not feasible.any():
         return np.zeros(len(values))
     # Against the best objective, not the scenario's choice, which may be a safer plan of its tie group.

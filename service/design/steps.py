@@ -231,7 +231,7 @@ def assemble(
         experts=expert_parallelism(
             main, decision.chosen, spec.model, spec.workload, spec.budget, fitted.params, spec.goodput
         ),
-        alternatives=_alternatives(spec, decision.scored, decision.win),
+        alternatives=_alternatives(spec, decision.scored, decision.win, decision.chosen),
         out_dir=str(out_dir),
         search_path=str(out_dir / "search" / proxies.search_name) if proxies.search_name else None,
     )
@@ -299,10 +299,14 @@ def _message(main: Scored, selected: PlanRow | None, robust_note: str) -> str:
     )
 
 
-def _alternatives(spec: ExperimentSpec, scored: list[Scored], win: int | None) -> list[Alternative]:
+def _alternatives(
+    spec: ExperimentSpec, scored: list[Scored], win: int | None, chosen: int | None
+) -> list[Alternative]:
+    """Each cluster's plan against the one chosen: on the winning cluster the plan chosen after the
+    sensitivity scenarios (`chosen`), elsewhere each cluster's own selection."""
     out = []
     for i, s in enumerate(scored):
-        row = s.selection.selected
+        row = chosen if i == win else s.selection.selected
         availability = spec.alternatives[i - 1].availability if i > 0 else "the experiment's cluster"
         if row is None:
             outcome = f"no plan meets the budget: {s.selection.binding}"
@@ -310,7 +314,7 @@ def _alternatives(spec: ExperimentSpec, scored: list[Scored], win: int | None) -
             outcome = "selected"
         else:
             w = scored[win] if win is not None else None
-            wr = w.selection.selected if w is not None else None
+            wr = chosen if w is not None else None
             if w is not None and wr is not None and spec.budget.objective == "cost":
                 outcome = f"${s.est.dollars[row]:,.0f} vs ${w.est.dollars[wr]:,.0f} on {w.cluster.gpu.name}"
             elif w is not None and wr is not None:

@@ -98,8 +98,10 @@ def _statuses(est: EstimateTable, budget: Budget) -> np.ndarray:
 
 
 def objective_values(est: EstimateTable, objective: str) -> np.ndarray:
-    """What the objective compares, larger is worse: dollars (cost) or 1 / tokens/s (throughput)."""
-    return est.dollars if objective == "cost" else 1.0 / np.maximum(est.tokens_per_s, 1e-300)
+    """What the objective compares as a ratio, larger is worse: hours (cost: on one cluster dollars are
+    hours × its price, the same ratios, and still defined when the price is 0) or 1 / tokens/s
+    (throughput)."""
+    return est.hours if objective == "cost" else 1.0 / np.maximum(est.tokens_per_s, 1e-300)
 
 
 def tie_group(est: EstimateTable, feasible: np.ndarray, objective: str, resolution: float) -> np.ndarray:

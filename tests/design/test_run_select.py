@@ -146,14 +146,40 @@ def test_sensitivity_reports_a_flip() -> None:
 def test_robust_choice_prefers_a_plan_that_stays_good() -> None:
     """Plan 0 is nominally best but 30 % off in some scenario; plan 1 is 3 % dearer and never more than
     4 % off: plan 1 is chosen. Plan 2 is never off but 10 % dearer: outside the tolerance."""
-    values = np.array([100.0, 103.0, 110.0])  # dollars
+    values = np.array([100.0, 103.0, 110.0])  # hours (cost: dollars are hours × the price)
     feasible = np.array([True, True, True])
     worst = np.array([0.30, 0.04, 0.0])
-    assert robust_choice(0, values, feasible, worst, "cost") == 1
-    assert robust_choice(0, values, feasible, np.array([0.04, 0.0, 0.0]), "cost") == 0  # within tolerance
-    assert robust_choice(0, values, np.array([True, False, True]), worst, "cost") == 0  # 1 misses budget
+    assert robust_choice(0, values, feasible, worst, "cost", 100.0) == 1
+    assert robust_choice(0, values, feasible, np.array([0.04, 0.0, 0.0]), "cost", 100.0) == 0  # within
+    assert robust_choice(0, values, np.array([True, False, True]), worst, "cost", 100.0) == 0  # 1 not allowed
     tokens = -np.array([1000.0, 980.0, 500.0])  # throughput objective: values are −tokens/s
-    assert robust_choice(0, tokens, feasible, worst, "throughput") == 1
+    assert robust_choice(0, tokens, feasible, worst, "throughput", -1000.0) == 1
+
+
+def test_the_tolerance_counts_from_the_nominal_best_not_from_the_choice() -> None:
+    """The choice (row 1) already won its tie group on risk, 4 % behind the best (row 0, not allowed:
+    riskier). Row 2 is 3 % behind the choice but 7 % behind the best: outside the tolerance, kept out."""
+    values = np.array([100.0, 104.0, 107.0])
+    allowed = np.array([False, True, True])
+    worst = np.array([0.0, 0.30, 0.01])
+    assert robust_choice(1, values, allowed, worst, "cost", 100.0) == 1
+
+
+def test_the_more_robust_plan_stays_in_the_choices_tie_group(tmp_path) -> None:
+    """One node, no dollar limit, cost objective (a reviewer's case): the nominal choice is off in a
+    scenario, and the plan that stays closest lies outside the tie group; it may not replace the choice."""
+    from service.spec.params import load_params
+
+    doc = yaml.safe_load(EXPERIMENT.read_text())
+    doc["cluster"]["num_nodes"] = 1
+    doc["budget"]["max_dollars"] = None
+    path = tmp_path / "one-node.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_experiment(path)
+    params = load_params(None)
+    nominal = score(spec.model, spec.cluster, spec.workload, spec.budget, params, spec.goodput)
+    _, chosen = sensitivity(nominal, spec.model, spec.workload, spec.budget, params, spec.goodput)
+    assert chosen is not None and chosen in set(nominal.selection.ties.tolist())
 
 
 def test_memory_fallback_is_the_best_plan_that_fits_at_its_high_end() -> None:
@@ -201,3 +227,17 @@ def test_run_names_plan_b_when_the_memory_interval_passes_the_limit(tmp_path: Pa
     assert f"{plan_b.memory_per_gpu_bytes.high / GIB:.1f}" in risk
     assert plan_b.label in Path(result.memo_paths["markdown"]).read_text()
     assert f"plan B if memory runs out: {plan_b.label}" in summary(result)
+
+
+def test_the_gpu_comparison_shows_the_plan_chosen_after_the_scenarios() -> None:
+    """When the sensitivity step replaces the nominal choice, the GPU table shows the replacement on the
+    winning cluster (it showed the nominal plan while the memo recommended another)."""
+    from service.design.steps import _alternatives
+
+    spec = load_experiment(EXPERIMENT)
+    s = _score(spec.budget)
+    assert s.selection.selected is not None
+    other = int(s.selection.order[1])  # the runner-up stands in for a replacement
+    (row,) = _alternatives(spec, [s], 0, other)
+    assert row.outcome == "selected" and row.selected_label == s.plans.row(other).short()
+    assert row.dollars == pytest.approx(float(s.est.dollars[other]))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from service.plans.risk import MEMORY_RISK_ERROR, risk_of
-from service.plans.select import COSTLIER, RISKIER, SELECTED, select_plan, tie_group
+from service.plans.select import COSTLIER, RISKIER, SELECTED, SLOWER, select_plan, tie_group
 from service.spec import Budget
 from tests.plans.conftest import labelled_plans, synthetic_estimates
 
@@ -25,7 +25,9 @@ def _plans(n: int, **cols: list[int]):  # type: ignore[no-untyped-def]
 def test_plans_within_the_resolution_tie_and_the_safest_wins():
     """0 is cheapest but offloads; 1 is 3 % dearer with hpZ; 2 is 4 % dearer and plain; 3 is 10 %
     dearer: outside the group. The plain plan wins; 0 and 1 lose it on a named risk; 3 is costlier."""
-    est = synthetic_estimates(tokens_per_s=[1e5] * 4, dollars=[100, 103, 104, 110], hours=[1] * 4)
+    est = synthetic_estimates(
+        tokens_per_s=[1e5] * 4, dollars=[100, 103, 104, 110], hours=[1.0, 1.03, 1.04, 1.1]
+    )
     plans = _plans(4, offload_optimizer=[1, 0, 0, 0], zero_hpz_partition_size=[1, 8, 1, 1])
     sel = select_plan(plans, est, Budget(objective="cost"), RESOLUTION)
     assert sel.selected == 2
@@ -117,3 +119,13 @@ def test_the_seed_chooses_plain_zero3_among_its_ties_and_no_offload():
     # The first-hour A/B the memo names times the choice beside the model's nominal best.
     assert result.tie_partner is not None
     assert result.tie_partner.short() == "dp32-tp1-pp1-z3-hpz8-mb1-ga4-rc:none"
+
+
+def test_at_a_price_of_zero_the_cost_objective_ties_on_hours():
+    """A free cluster (the CPU experiment): every plan costs $0, so dollars cannot be compared as ratios;
+    the hours they are priced from can. 0 offloads and is 1 % faster than 1: they tie and 1 wins."""
+    est = synthetic_estimates(tokens_per_s=[1.01e5, 1e5, 8e4], dollars=[0.0] * 3, hours=[1.0, 1.01, 1.25])
+    plans = _plans(3, offload_optimizer=[1, 0, 0])
+    sel = select_plan(plans, est, Budget(objective="cost"), RESOLUTION)
+    assert sel.selected == 1 and sel.ties.tolist() == [1, 0]
+    assert sel.status.tolist() == [RISKIER, SELECTED, SLOWER]  # as dear at $0, and 20 % slower
