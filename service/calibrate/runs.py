@@ -295,20 +295,45 @@ def row_plan(ds: Dataset, row: Measurement) -> Plan:
 def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
     """The `MeasuredRun` of one row of a runs file."""
     model = model_spec(ds, row.model, row.capacity_factor)
+    cluster = cluster_spec(row)
+    tokens_per_s = measured_tokens_per_s_per_gpu(row, model)
+    _check_below_peak(ds, row, model, cluster, tokens_per_s)
     return MeasuredRun(
         id=row.id,
         source=row.source,
         model=model,
-        cluster=cluster_spec(row),
+        cluster=cluster,
         workload=workload(ds, row),
         plan=row_plan(ds, row),
-        tokens_per_s_per_gpu=measured_tokens_per_s_per_gpu(row, model),
+        tokens_per_s_per_gpu=tokens_per_s,
         approximate=row.approximate,
     )
 
 
+def _check_below_peak(
+    ds: Dataset, row: Measurement, model: ModelSpec, cluster: ClusterSpec, tokens_per_s_per_gpu: float
+) -> None:
+    """A measurement whose model FLOPs (costmodel.flops, active parameters for a MoE) outrun the GPU's
+    dense peak in the row's precision cannot have been measured: refused, naming the row, before it
+    moves a fit."""
+    from service.costmodel.flops import model_flops_per_token
+
+    precision = "fp8" if row.precision == "fp8" and cluster.gpu.peak_tflops_fp8 else "bf16"
+    peak = cluster.gpu.peak_tflops(precision)
+    implied = tokens_per_s_per_gpu * model_flops_per_token(model, row.seq_len) / 1e12
+    if implied > peak:
+        i = next(k for k, m in enumerate(ds.measurements) if m is row)
+        raise SpecError(
+            f"measurements.{i}.measured",
+            f"row {row.id!r} implies {implied:,.0f} model TFLOP/s per GPU, above the {cluster.gpu.name}'s "
+            f"{precision} peak of {peak:,.0f}: not a measurement this GPU can make",
+        )
+
+
 CSV_INT_FIELDS: tuple[str, ...] = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "cp", "zero_stage")
 CSV_INT_FIELDS += ("micro_batch", "grad_accum", "global_batch", "seq_len")
+CSV_TRUE: tuple[str, ...] = ("1", "true", "yes")
+CSV_FALSE: tuple[str, ...] = ("0", "false", "no")
 
 
 def _csv_dataset(path: Path) -> dict[str, Any]:
@@ -317,14 +342,18 @@ def _csv_dataset(path: Path) -> dict[str, Any]:
         rows = list(csv.DictReader(f))
     measurements = []
     for i, raw in enumerate(rows):
+        if raw.get(None):  # type: ignore[call-overload]  # DictReader keeps cells past the header under None
+            message = f"line {i + 2} has more cells than the header names"
+            raise SpecError(f"measurements.{i}", message, str(path))
         row: dict[str, Any] = {k.strip(): v.strip() for k, v in raw.items() if k and v and v.strip()}
         measured = {}
         for k in ("tokens_per_s_per_gpu", "step_time_s"):
             if k in row:
+                value = row.pop(k)
                 try:
-                    measured[k] = float(row.pop(k))
+                    measured[k] = float(value)
                 except ValueError:
-                    message = f"not a number: {raw[k].strip()!r} (line {i + 2})"
+                    message = f"not a number: {value!r} (line {i + 2})"
                     raise SpecError(f"measurements.{i}.{k}", message, str(path)) from None
         for k in CSV_INT_FIELDS:
             if k in row:
@@ -335,7 +364,12 @@ def _csv_dataset(path: Path) -> dict[str, Any]:
                     raise SpecError(f"measurements.{i}.{k}", message, str(path)) from None
         for k in ("sequence_parallel", "comm_overlap", "tp_comm_overlap", "approximate"):
             if k in row:
-                row[k] = row[k].lower() in ("1", "true", "yes")
+                flag = row[k].lower()
+                if flag not in CSV_TRUE + CSV_FALSE:
+                    allowed = ", ".join(CSV_TRUE + CSV_FALSE)
+                    message = f"not a yes/no value: {row[k]!r} (line {i + 2}; allowed: {allowed})"
+                    raise SpecError(f"measurements.{i}.{k}", message, str(path))
+                row[k] = flag in CSV_TRUE
         row.setdefault("ref", f"{path.name} row {i + 2}")
         measurements.append({**row, "measured": measured})
     sources = {
@@ -374,7 +408,12 @@ def load_dataset(path: str | Path) -> Dataset:
 def load_runs(path: str | Path) -> list[MeasuredRun]:
     """Every row of a runs file as a `MeasuredRun`."""
     ds = load_dataset(path)
-    return [measured_run(ds, row) for row in ds.measurements]
+    try:
+        return [measured_run(ds, row) for row in ds.measurements]
+    except SpecError as err:
+        if err.source:
+            raise
+        raise SpecError(err.field, err.message, str(path)) from None
 
 
 def with_profiles(runs: list[MeasuredRun], profile_paths: list[str | Path]) -> list[MeasuredRun]:

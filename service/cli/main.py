@@ -86,6 +86,22 @@ def main(argv: list[str] | None = None) -> int:
         # Output piped into `head` and closed early: not an error (Python docs, "Note on SIGPIPE").
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:
+        if not _unwritable(err):
+            raise
+        # An output the command could not write (a full disk, a read-only or foreign folder): one line
+        # naming the file, as bad input gets, not a traceback.
+        print(f"error: {err.filename}: cannot write: {err.strerror or err}", file=sys.stderr)
+        return 2
+
+
+def _unwritable(err: OSError) -> bool:
+    """Whether `err` is a file the command could not write where the user pointed it."""
+    import errno
+
+    kinds = (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+    full = err.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+    return err.filename is not None and (isinstance(err, kinds) or full)
 
 
 if __name__ == "__main__":

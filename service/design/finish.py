@@ -229,6 +229,11 @@ def finish(
         updates.update(
             ds_config=ds, ds_config_path=str(ds_path), launch_command=command, deepspeed_command=deepspeed
         )
+    else:
+        # No plan to launch: a config and script an earlier run left in this folder would contradict
+        # the memo written beside them.
+        for stale in ("ds_config.json", "launch.sh"):
+            (folder / stale).unlink(missing_ok=True)
     result = result.model_copy(update=updates)
     network, network_risk = cluster_network(spec)
     result = result.model_copy(

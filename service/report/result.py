@@ -8,6 +8,7 @@ lives here, beside the memo that reads it, so that `run` imports `report` and ne
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -277,11 +278,24 @@ class RunResult(BaseModel):
         return self.model_dump(mode="json")
 
     def save(self, path: str | Path) -> Path:
+        """Writes strict JSON (RFC 8259): a regret that is infinite (a plan out of a scenario's budget)
+        or undefined is written as the string "Infinity" or "NaN", which `load` reads back as the
+        number; Python's bare `Infinity` / `NaN` tokens are refused by JSON parsers."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_json(), indent=1))
+        p.write_text(json.dumps(_non_finite_as_strings(self.to_json()), indent=1, allow_nan=False))
         return p
 
     @classmethod
     def load(cls, path: str | Path) -> RunResult:
         return cls.model_validate(json.loads(Path(path).read_text()))
+
+
+def _non_finite_as_strings(doc: Any) -> Any:
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return "NaN" if math.isnan(doc) else ("Infinity" if doc > 0 else "-Infinity")
+    if isinstance(doc, dict):
+        return {k: _non_finite_as_strings(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_non_finite_as_strings(v) for v in doc]
+    return doc

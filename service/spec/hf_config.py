@@ -212,6 +212,10 @@ def _attention_fields(cfg: Any, hidden: int, heads: int, where: str) -> dict[str
     if kind in MLA_TYPES:
         return {"mla": mla_fields(cfg, where)}
     head_dim = getattr(cfg, "head_dim", None)
+    if head_dim is not None and (
+        isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
+    ):
+        raise SpecError("head_dim", f"{head_dim!r}: a positive whole width per head, or left out", where)
     if not head_dim or not heads or int(head_dim) * heads == hidden:
         return {}
     if kind in HEAD_DIM_READ:

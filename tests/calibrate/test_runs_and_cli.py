@@ -99,6 +99,11 @@ def test_csv_runs_file(tmp_path):
             _row(0, "mine", 8, 5000.0).replace(",5000.0", ",abc"),
             ["measurements.0.tokens_per_s_per_gpu", "line 2"],
         ),
+        (_row(0, "mine", 8, 5000.0) + ",extra", ["measurements.0", "more cells than the header"]),
+        (  # 1e9 tokens/s of a 7B model: 4e10 TFLOP/s per H100
+            _row(0, "mine", 8, 1e9),
+            ["measurements.0.measured", "above the h100-sxm-80gb's bf16 peak of 989"],
+        ),
     ],
 )
 def test_bad_rows_are_one_line_naming_row_and_field(tmp_path, row, needles):
@@ -231,3 +236,24 @@ def test_a_runs_file_says_how_its_engine_ran(tmp_path, field, value, bad):
     with pytest.raises(SpecError, match=rf"measurements\.0\.{field}") as err:
         load_runs(path)
     assert "\n" not in str(err.value)
+
+
+def test_a_spreadsheets_spaced_header_and_yes_no_cells(tmp_path):
+    """Headers with a space after each comma are read; a measurement that is not a number and a flag
+    that is not yes or no are one line naming the field (the first crashed with a KeyError)."""
+    header = CSV_HEADER.replace(",", ", ").replace(
+        "tokens_per_s_per_gpu\n", "sequence_parallel, tokens_per_s_per_gpu\n"
+    )
+    good = _row(0, "mine", 8, 5000.0).replace(",selective,", ",selective,no,").replace(",", ", ")
+    path = tmp_path / "spaced.csv"
+    path.write_text(header + good + "\n")
+    (run,) = load_runs(path)
+    assert run.tokens_per_s_per_gpu == 5000.0 and not run.plan.sequence_parallel
+    for bad, needle in (
+        (good.replace("5000.0", "fast"), "measurements.0.tokens_per_s_per_gpu: not a number: 'fast'"),
+        (good.replace(", no,", ", maybe,"), "measurements.0.sequence_parallel: not a yes/no value: 'maybe'"),
+    ):
+        path.write_text(header + bad + "\n")
+        with pytest.raises(SpecError) as err:
+            load_runs(path)
+        assert needle in str(err.value) and "\n" not in str(err.value)

@@ -241,3 +241,29 @@ def test_the_gpu_comparison_shows_the_plan_chosen_after_the_scenarios() -> None:
     (row,) = _alternatives(spec, [s], 0, other)
     assert row.outcome == "selected" and row.selected_label == s.plans.row(other).short()
     assert row.dollars == pytest.approx(float(s.est.dollars[other]))
+
+
+def test_a_run_without_a_plan_leaves_no_launch_script_of_an_earlier_run_and_strict_json(
+    tmp_path: Path,
+) -> None:
+    """The same folder, first a run with a plan, then one whose budget nothing meets: the second leaves
+    no ds_config.json or launch.sh behind (they would launch a plan its memo says does not exist), and
+    its result.json is strict JSON, its undefined regrets written as strings that load back."""
+    import json
+
+    from service.report.result import RunResult
+
+    first = _run_without_proxies(tmp_path)
+    folder = Path(first.out_dir)
+    assert (folder / "launch.sh").is_file() and (folder / "ds_config.json").is_file()
+    second = _run_without_proxies(tmp_path, max_dollars=20)
+    assert Path(second.out_dir) == folder and second.selected_plan is None
+    assert not (folder / "launch.sh").exists() and not (folder / "ds_config.json").exists()
+
+    def refuse(token: str) -> None:
+        raise ValueError(token)
+
+    doc = json.loads((folder / "result.json").read_text(), parse_constant=refuse)
+    assert {sc["nominal_regret"] for sc in doc["sensitivity"]["scenarios"]} == {"NaN"}
+    loaded = RunResult.load(folder / "result.json")
+    assert all(np.isnan(sc.nominal_regret) for sc in loaded.sensitivity.scenarios)

@@ -96,6 +96,9 @@ def test_a_head_dim_of_its_own_sizes_the_heads() -> None:
     # A dump names head_dim only where it is not hidden_size / num_attention_heads.
     assert spec.model_dump()["head_dim"] == 256
     assert "head_dim" not in model_spec_from_hf(MISTRAL_7B).model_dump()
+    # 0 is no width (it was read as "left out" and priced 64-wide heads without a word).
+    with pytest.raises(SpecError, match=r"head_dim: 0: a positive whole width"):
+        model_spec_from_hf(gemma | {"head_dim": 0})
 
 
 def test_biases_follow_the_architecture_or_its_switch() -> None:
@@ -136,7 +139,7 @@ def test_biases_follow_the_architecture_or_its_switch() -> None:
         ({**LLAMA2_13B, "model_type": "t5"}, "model_type", "MLP kind unknown"),
         ({k: v for k, v in LLAMA2_13B.items() if k != "model_type"}, "model_type", "missing"),
         ({**LLAMA2_13B, "hidden_size": 5121}, "config", "not a multiple of the number of attention heads"),
-        ({**GPT2_XL, "head_dim": [64]}, "config", "wrong type or value"),
+        ({**GPT2_XL, "head_dim": [64]}, "head_dim", "[64]: a positive whole width per head"),
         ({**LLAMA2_13B, "intermediate_size": "x"}, "config", "expected int, got str"),
         ({**GPT2_XL, "num_kv_heads": "x"}, "config", "wrong type or value"),
         ({"model_type": "llava", "text_config": LLAMA2_13B}, "text_config", "save the language model's"),
