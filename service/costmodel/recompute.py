@@ -106,26 +106,32 @@ def dense_mlp_shares(model: ModelSpec) -> tuple[float, float]:
 
 
 def megatron_modules_bytes_per_token_per_layer(
-    model: ModelSpec, modules: tuple[str, ...], tp: Num, sequence_parallel: Num, d: Num, g: Num
+    model: ModelSpec,
+    modules: tuple[str, ...],
+    tp: Num,
+    sequence_parallel: Num,
+    d: Num,
+    g: Num,
+    mlp_width: int,
+    mlp_recomputed: bool,
 ) -> Num:
-    """Bytes per token one block of the dense view (`ModelSpec.dense_view`) keeps under `modules`, less
-    what it keeps under "core_attn" alone (negative: freed); `g` is the bytes of a saved GEMM input (1 in
-    FP8). The output-discarding modules drop the tensor they would re-make: "layernorm" both norms'
-    outputs (g·h each), "mla_up_proj" MLA's up-projected q, k and v (d·(q + kv) per TP rank); the
-    checkpointed ones keep only their input, which the residual stream keeps anyway: "mlp" the dense
-    MLP's fc1 output and fc2 input, "shared_experts" (and "moe") the shared experts'. Without
-    "core_attn" the attention's fp32 log-sum-exp stays (`memory.te_layer_bytes_per_token`)."""
-    h, view = model.hidden_size, model.dense_view()
+    """Bytes per token one block keeps under `modules`, less what it keeps under "core_attn" alone
+    (negative: freed); `g` is the bytes of a saved GEMM input (1 in FP8); `mlp_width` is the block's MLP
+    outside the routed experts (a dense block's, or a MoE block's shared experts) and `mlp_recomputed`
+    whether `modules` re-make it ("mlp" for a dense block, "shared_experts" or "moe" for a MoE block).
+    The output-discarding modules drop the tensor they would re-make: "layernorm" both norms' outputs
+    (g·h each), "mla_up_proj" MLA's up-projected q, k and v (d·(q + kv) per TP rank); the checkpointed
+    ones keep only their input, which the residual stream keeps anyway: the MLP's fc1 output and fc2
+    input. Without "core_attn" the attention's fp32 log-sum-exp stays (`memory.te_layer_bytes_per_token`)."""
+    h = model.hidden_size
     split = np.where(sequence_parallel, tp, 1)
     delta = 0.0 if "core_attn" in modules else FP32 * model.num_attention_heads / tp
     if "layernorm" in modules:
         delta = delta - 2 * g * h / split
     if "mla_up_proj" in modules and model.mla is not None:
         delta = delta - d * (model.q_width + model.kv_width) / tp
-    dense, shared = dense_mlp_shares(model)
-    share = dense * ("mlp" in modules) + shared * bool({"shared_experts", "moe"} & set(modules))
     gate = 2 if model.mlp == "swiglu" else 1
-    return delta - share * (d * gate + g) * view.ffn_hidden_size / tp
+    return delta - mlp_recomputed * (d * gate + g) * mlp_width / tp
 
 
 def megatron_modules_recompute_s(

@@ -82,48 +82,64 @@ def stage_memory_terms(
     flash = workload.flash_attention
     te = p.engine_column("transformer_engine")  # Megatron-Core builds its blocks from TE modules
 
-    def per_token(tp: Num, sp: Num, recompute: Num, precision: Num, te_: Num) -> tuple[Num, Num]:
-        # Functions of these five columns alone: a few dozen combinations among millions of plans.
-        sp, te_ = np.asarray(sp, dtype=bool), np.asarray(te_, dtype=bool)
-        args = (
-            model,
-            tp,
-            sp,
-            recompute,
-            mem.activation_bytes_per_element(precision),
-            s,
-            flash,
-            precision,
-            te_,
-        )
-        return mem.activation_bytes_per_token_per_layer(*args), mem.recompute_peak_bytes_per_token(*args)
+    def saved_per_token(view: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes saved per token and block, bytes one recomputed block holds per token) of `view`'s
+        blocks, by recompute policy."""
 
-    per_layer, peak_per_token = on_distinct(
-        per_token, p.tp, p.sequence_parallel, p.recompute, p.precision, te
-    )
-    recompute_peak = tokens * peak_per_token
-    if workload.selective_recompute != "attention_block":
-        # Other frameworks' selective policies (Workload.selective_recompute) keep other tensors, and make a
-        # whole block's again in backward, as full recompute does.
-        block = mem.recompute_peak_bytes_per_token(
-            model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
+        def per_token(tp: Num, sp: Num, recompute: Num, precision: Num, te_: Num) -> tuple[Num, Num]:
+            # Functions of these five columns alone: a few dozen combinations among millions of plans.
+            sp, te_ = np.asarray(sp, dtype=bool), np.asarray(te_, dtype=bool)
+            d_ = mem.activation_bytes_per_element(precision)
+            args = (view, tp, sp, recompute, d_, s, flash, precision, te_)
+            return mem.activation_bytes_per_token_per_layer(*args), mem.recompute_peak_bytes_per_token(*args)
+
+        per_layer, peak = on_distinct(per_token, p.tp, p.sequence_parallel, p.recompute, p.precision, te)
+        if workload.selective_recompute != "attention_block":
+            # Other frameworks' selective policies (Workload.selective_recompute) keep other tensors, and
+            # make a whole block's again in backward, as full recompute does.
+            full_policy = np.full_like(p.recompute, 2)
+            block = mem.recompute_peak_bytes_per_token(
+                view, p.tp, p.sequence_parallel, full_policy, d, s, flash, p.precision, te
+            )
+            full = mem.activation_bytes_per_token_per_layer(
+                view, p.tp, p.sequence_parallel, full_policy, d, s, flash, p.precision, te
+            )
+            kind = workload.selective_recompute
+            selective = checkpointing.selective_bytes_per_token_per_layer(
+                view, p.tp, p.sequence_parallel, d, kind, per_layer, block, full
+            )
+            per_layer = np.where(p.recompute == 1, selective, per_layer)
+            peak = np.where(p.recompute == 1, block, peak)
+        return np.asarray(per_layer, dtype=float), np.asarray(peak, dtype=float)
+
+    # The dense view's blocks all carry its mean MLP; a MoE model's dense blocks (DeepSeek's first three,
+    # 18,432 wide) and its MoE blocks (shared experts and router) save what their own widths make, and a
+    # stage holds its own mix of them.
+    dense_width = whole.ffn_hidden_size
+    moe_width = dense_width
+    if whole.moe is not None:
+        moe_width = max(
+            1, round(whole.shared_params_per_moe_layer / (whole.mlp_matrices * whole.hidden_size))
         )
-        full = mem.activation_bytes_per_token_per_layer(
-            model, p.tp, p.sequence_parallel, np.full_like(p.recompute, 2), d, s, flash, p.precision, te
-        )
-        kind = workload.selective_recompute
-        selective = checkpointing.selective_bytes_per_token_per_layer(
-            model, p.tp, p.sequence_parallel, d, kind, per_layer, block, full
-        )
-        per_layer = np.where(p.recompute == 1, selective, per_layer)
-        recompute_peak = np.where(p.recompute == 1, tokens * block, recompute_peak)
+    dense_blocks_saved = saved_per_token(model.model_copy(update={"ffn_hidden_size": dense_width}))
+    moe_blocks_saved = dense_blocks_saved
+    if moe_width != dense_width:
+        moe_blocks_saved = saved_per_token(model.model_copy(update={"ffn_hidden_size": moe_width}))
+    per_layer = np.zeros(len(p))  # what every block saves beside those (below)
+    recompute_peak = np.zeros(len(p))
     modules = workload.recompute_modules
     if set(modules) != {"core_attn"}:  # Megatron-Core's fine-grained selective recompute (megatron plans)
         g = moe.saved_gemm_input_bytes(p, d)
-        delta = checkpointing.megatron_modules_bytes_per_token_per_layer(
-            whole, modules, p.tp, p.sequence_parallel, d, g
+        fine = te & (p.recompute == 1)
+        args = (whole, modules, p.tp, p.sequence_parallel, d, g)
+        dense_delta = checkpointing.megatron_modules_bytes_per_token_per_layer(
+            *args, dense_width, "mlp" in modules
         )
-        per_layer = per_layer + np.where(te & (p.recompute == 1), delta, 0.0)
+        moe_delta = checkpointing.megatron_modules_bytes_per_token_per_layer(
+            *args, moe_width, bool({"shared_experts", "moe"} & set(modules))
+        )
+        dense_blocks_saved = (dense_blocks_saved[0] + np.where(fine, dense_delta, 0.0), dense_blocks_saved[1])
+        moe_blocks_saved = (moe_blocks_saved[0] + np.where(fine, moe_delta, 0.0), moe_blocks_saved[1])
     # Ulysses' extra saved tensors belong to the attention sub-block: selective and full recompute do
     # not keep them; full recompute re-creates them with the block in backward.
     ulysses = context.ulysses_saved_bytes_per_token_per_layer(model, p.tp, p.cp, p.engine, d)
@@ -161,7 +177,11 @@ def stage_memory_terms(
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
         matmul = (model.attention_params_per_layer + model.mlp_params_per_layer) / p.tp * layers
         matmul = matmul / np.where(p.zero_stage == 3, hz.shard_ranks(p), 1)
-        buffers = buffers + fp8.extra_memory_bytes(matmul, layers, p.precision)
+        # The routed experts' GEMMs run in FP8 too (moe.py), so their weights get FP8 copies as well: of
+        # the rank's experts, or its shard of them where ZeRO-3 / FSDP gathers them.
+        expert_matmul = moe.expert_params_per_gpu(whole, moe_blocks, p)
+        expert_matmul = expert_matmul / np.where(p.zero_stage == 3, moe.expert_data_parallel(p), 1)
+        buffers = buffers + fp8.extra_memory_bytes(matmul + expert_matmul, layers, p.precision)
         # ZeRO-1/2 with optimizer offload stages each gradient through a device buffer the size of the
         # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
@@ -177,10 +197,17 @@ def stage_memory_terms(
             cpu + x.host,
         )
         buffers = buffers + x.buffers
+        dense_blocks = layers - moe_blocks
+        saved = dense_blocks * dense_blocks_saved[0] + moe_blocks * moe_blocks_saved[0]
+        block_peak = np.where(
+            dense_blocks > 0,
+            np.maximum(dense_blocks_saved[1], np.where(moe_blocks > 0, moe_blocks_saved[1], 0.0)),
+            moe_blocks_saved[1],
+        )
         # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
         # the peak holds one of the two, not both (measured on the proxy, tests/train).
-        peak = np.maximum(recompute_peak + x.recompute_peak - logits, 0.0)
-        activations = tokens * per_layer * layers * micro_batches + x.saved + peak
+        peak = np.maximum(tokens * block_peak + recompute_peak + x.recompute_peak - logits, 0.0)
+        activations = tokens * (saved + per_layer * layers) * micro_batches + x.saved + peak
         activations = activation_scale * activations
         experts = x.params + x.grads + x.optimizer
         stages.append(StageMemoryTerms(params, grads, optimizer, activations, logits, buffers, cpu, experts))

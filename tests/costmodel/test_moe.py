@@ -275,3 +275,54 @@ def test_optimizer_offload_steps_the_experts_on_the_cpu_and_moves_their_gradient
     assert offloaded.memory_per_gpu_bytes.grads == 0
     # the host holds the experts' fp32 master, moments and gradient partition: 16 bytes per parameter
     assert offloaded.memory_per_gpu_bytes.cpu_offload >= 16 * shard
+
+
+def test_fp8_keeps_copies_of_the_expert_weights_too():
+    """Transformer Engine caches an FP8 copy and transpose of every weight its FP8 GEMMs read, the
+    grouped expert GEMMs' included: 2 bytes per parameter the rank holds, the experts' as the dense
+    blocks' (16 blocks on this stage, one of each block's 8 experts per rank at ep 8)."""
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    work = Workload(seq_len=4096, global_batch_sequences=128, tokens_to_train=1e9)
+    layout = dict(engine="megatron", dp=16, pp=2, ep=8, zero_stage=1, micro_batch=1, grad_accum=8)
+    layout["recompute"] = "full"
+    bf16, fp8 = (estimate(MIXTRAL, cluster, Plan(**layout, precision=p), work) for p in ("bf16", "fp8"))
+    experts_on_stage = MIXTRAL.expert_params_per_moe_layer * (32 // 2) / 8
+    dense = MIXTRAL.dense_view()
+    dense_on_stage = (dense.attention_params_per_layer + dense.mlp_params_per_layer) * (32 // 2)
+    extra = fp8.memory_per_gpu_bytes.buffers - bf16.memory_per_gpu_bytes.buffers
+    assert extra == pytest.approx(2 * (experts_on_stage + dense_on_stage), rel=0.01)
+
+
+def test_a_stage_of_dense_blocks_saves_what_their_own_mlp_width_makes():
+    """DeepSeek-V3's first three blocks are dense (MLP 18,432 wide), the rest MoE blocks whose shared
+    expert and router the dense view prices at a mean width of a few thousand. A first pipeline stage
+    holding three dense blocks and one MoE block saves, per micro-batch in flight, those four blocks'
+    own activations (the mean width left it 2 GiB short here)."""
+    from service.costmodel import memory as mem
+    from service.costmodel.step_memory import stage_memory_terms
+
+    model = load_model("deepseek-v3")
+    work = Workload(seq_len=4096, global_batch_sequences=256, tokens_to_train=1e9)
+    plan = Plan(engine="megatron", dp=4, tp=8, pp=16, ep=32, zero_stage=1, micro_batch=1, grad_accum=64,
+                sequence_parallel=True)  # fmt: skip
+    table = PlanTable.from_plans([plan])
+    first_moe, _, _ = moe.moe_blocks_per_stage(model, table.pp, table.virtual_stages)
+    assert mem.stage_layers(61, 16, 1)[0] == 4 and first_moe[0] == 1
+
+    def saved(ffn: int) -> float:
+        view = model.dense_view().model_copy(update={"ffn_hidden_size": ffn})
+        args = (view, 8, np.array(True), np.array(0), 2, 4096, True, np.array(0), np.array(True))
+        return float(mem.activation_bytes_per_token_per_layer(*args))
+
+    shared = round(model.shared_params_per_moe_layer / (3 * model.hidden_size))
+    in_flight = mem.micro_batches_in_flight(16, 64, 1)
+    first, _ = stage_memory_terms(model, work, table)
+    routed = moe.stage_memory(
+        model, table, 4096, first_moe, in_flight, 2.0, moe.load_factor(model, table, 1.5),
+        mem.state_bytes_per_param(table.precision, table.zero_stage),
+    ).saved  # fmt: skip
+    tokens = 4096
+    expected = tokens * (3 * saved(18432) + saved(shared)) * in_flight + routed
+    assert float(first.activations[0]) == pytest.approx(float(expected[0]), rel=1e-6)
+    mean = tokens * 4 * saved(model.dense_view().ffn_hidden_size) * in_flight + routed
+    assert float(first.activations[0] - mean[0]) > 1.5 * GIB

@@ -103,3 +103,22 @@ def test_recompute_modules_is_megatrons_and_one_policy(tmp_path):
     with pytest.raises(SpecError) as info:
         load_experiment(path)
     assert info.value.field.startswith("workload.recompute_modules")
+
+
+def test_mlp_frees_the_dense_blocks_mlp_at_their_own_width_on_the_stage_that_holds_them():
+    """DeepSeek-V3 on pp 16: the first stage holds the three dense blocks (MLP 18,432 wide) and one MoE
+    block. "mlp" checkpoints the dense MLPs: 3 × (2 × 18,432 × 2 + 18,432 × 2) / tp 8 bytes per token
+    (fc1's gate and up outputs, fc2's input; bf16) in each of the stage's micro-batches in flight. It
+    was the mean MLP width's share, spread over every block of every stage."""
+    from service.costmodel import memory as mem
+
+    model = load_model("deepseek-v3")
+    plan = Plan(dp=4, tp=8, pp=16, ep=32, sequence_parallel=True, **{**SELECTIVE, "grad_accum": 64})
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=64)
+
+    def saved(*modules: str) -> float:
+        return estimate(model, cluster, plan, work(*modules)).memory_per_gpu_bytes.activations
+
+    freed = saved() - saved("core_attn", "mlp")
+    in_flight = float(mem.micro_batches_in_flight(16, 64, 1))
+    assert freed == pytest.approx(3 * 6 * 18432 / 8 * SEQ * in_flight)
