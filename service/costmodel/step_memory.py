@@ -146,7 +146,7 @@ def stage_memory_terms(
     per_layer = per_layer + np.where(p.recompute == 0, ulysses, 0.0)
     recompute_peak = recompute_peak + tokens * np.where(p.recompute == 2, ulysses, 0.0)
     in_flight = mem.micro_batches_in_flight(p.pp, p.grad_accum, p.virtual_stages)
-    pipe_buffers = np.where(p.pp > 1, 2.0 * in_flight * tokens * model.hidden_size * d, 0.0)
+    boundary = np.where(p.pp > 1, 2.0 * tokens * model.hidden_size * d, 0.0)  # a stage's send and receive
     vocab_split = mem.vocab_parallel(p.engine)
     fused_loss = workload.fused_cross_entropy
     sp = p.sequence_parallel
@@ -173,6 +173,7 @@ def stage_memory_terms(
         transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split, fused_loss)
         transient = transient + mem.fused_loss_buffer_bytes(model, d, fused_loss)
         transient = np.where(is_last, transient, 0.0)
+        pipe_buffers = boundary * micro_batches  # one pair per micro-batch the stage holds in flight
         buffers = buckets * pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
         matmul = (model.attention_params_per_layer + model.mlp_params_per_layer) / p.tp * layers

@@ -199,7 +199,7 @@ def step_time_terms(
     bubble = (p.pp - 1) / v * slot
 
     legacy_lists = workload.zero3_collectives == "per_tensor_lists"
-    zero = data_parallel.zero_traffic(model, cluster, p, gpu, net, legacy_lists)
+    zero = data_parallel.zero_traffic(model, cluster, p, gpu, net, legacy_lists, whole)
     # A MoE model's expert gradients reduce over their own group, in series with the dense ones in the
     # same windows; offload moves both slices' states, CPU Adam steps both.
     expert_traffic = expert_sync.traffic(whole, p, moe_blocks, gpn, gpu, net)
