@@ -145,6 +145,9 @@ def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str |
         ('swiglu', 40, 13.02)
     """
     where = source or name
+    if not isinstance(data.get("model_type"), str):
+        raise SpecError("model_type", "missing: a Hugging Face config.json names its model_type", where)
+    _check_field_types(data, where)
     if isinstance(data.get("text_config"), dict):
         raise SpecError(
             "text_config",
@@ -172,6 +175,34 @@ def model_spec_from_hf(data: dict[str, Any], name: str = "custom", source: str |
             raise
         why = " ".join(str(err).split())[:200]
         raise SpecError("config", f"a field has the wrong type or value: {why}", where) from None
+
+
+# The config keys that size the model (every architecture's spelling): whole numbers where present.
+WHOLE_NUMBER_KEYS = (
+    "num_hidden_layers", "n_layer", "n_layers", "num_layers", "hidden_size", "n_embd", "d_model",
+    "num_attention_heads", "n_head", "n_heads", "num_key_value_heads", "intermediate_size", "n_inner",
+    "ffn_hidden_size", "vocab_size", "head_dim", "num_experts", "num_local_experts", "n_routed_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+)  # fmt: skip
+# torch's dtype names (torch.<name> is a dtype), as transformers resolves a config's torch_dtype.
+TORCH_DTYPES = (
+    "auto", "float32", "float", "float64", "double", "float16", "half", "bfloat16", "float8_e4m3fn",
+    "float8_e5m2", "int8", "uint8", "int16", "int32", "int64", "bool",
+)  # fmt: skip
+
+
+def _check_field_types(data: dict[str, Any], where: str) -> None:
+    """One line naming the key for a sizing value that is not a whole number, or a torch_dtype torch does
+    not have (transformers' own errors name neither)."""
+    for key in WHOLE_NUMBER_KEYS:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise SpecError(key, f"{value!r}: a whole number", where)
+    dtype = data.get("torch_dtype", data.get("dtype"))
+    if dtype is not None and dtype not in TORCH_DTYPES:
+        raise SpecError(
+            "torch_dtype", f"{dtype!r}: not a torch dtype; known: {', '.join(TORCH_DTYPES)}", where
+        )
 
 
 def _fields(cfg: Any, name: str, where: str) -> dict[str, Any]:

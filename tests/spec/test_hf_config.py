@@ -139,12 +139,20 @@ def test_biases_follow_the_architecture_or_its_switch() -> None:
         ({**LLAMA2_13B, "model_type": "t5"}, "model_type", "MLP kind unknown"),
         ({k: v for k, v in LLAMA2_13B.items() if k != "model_type"}, "model_type", "missing"),
         ({**LLAMA2_13B, "hidden_size": 5121}, "config", "not a multiple of the number of attention heads"),
-        ({**GPT2_XL, "head_dim": [64]}, "head_dim", "[64]: a positive whole width per head"),
-        ({**LLAMA2_13B, "intermediate_size": "x"}, "config", "expected int, got str"),
+        ({**GPT2_XL, "head_dim": [64]}, "head_dim", "[64]: a whole number"),
+        ({**LLAMA2_13B, "intermediate_size": "x"}, "intermediate_size", "'x': a whole number"),
         ({**GPT2_XL, "num_kv_heads": "x"}, "config", "wrong type or value"),
         ({"model_type": "llava", "text_config": LLAMA2_13B}, "text_config", "save the language model's"),
         ({**LLAMA2_13B, "model_type": "qwen2", "num_hidden_layers": 10**9}, "num_hidden_layers", "to 10,000"),
         ({**LLAMA2_13B, "num_key_value_heads": 0}, "num_key_value_heads", "at least one"),
+        # A MoE config without its model_type names the missing key, not the experts.
+        (
+            {k: v for k, v in MISTRAL_7B.items() if k != "model_type"} | {"num_local_experts": 8},
+            "model_type",
+            "missing",
+        ),
+        ({**LLAMA2_13B, "head_dim": "128"}, "head_dim", "'128': a whole number"),
+        ({**LLAMA2_13B, "torch_dtype": "bfloat17"}, "torch_dtype", "'bfloat17': not a torch dtype"),
         (
             {"model_type": "opt", "num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 16}
             | {"ffn_dim": 4096, "vocab_size": 50272, "word_embed_proj_dim": 512},
