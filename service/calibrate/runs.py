@@ -342,7 +342,8 @@ def _csv_dataset(path: Path) -> dict[str, Any]:
         rows = list(csv.DictReader(f))
     measurements = []
     for i, raw in enumerate(rows):
-        if raw.get(None):  # type: ignore[call-overload]  # DictReader keeps cells past the header under None
+        extra = raw.get(None) or []  # type: ignore[call-overload]  # DictReader keeps cells past the header
+        if any(str(cell).strip() for cell in extra):  # a spreadsheet's trailing empty cells are no data
             message = f"line {i + 2} has more cells than the header names"
             raise SpecError(f"measurements.{i}", message, str(path))
         row: dict[str, Any] = {k.strip(): v.strip() for k, v in raw.items() if k and v and v.strip()}

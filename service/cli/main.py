@@ -89,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         if not _unwritable(err):
             raise
-        # An output the command could not write (a full disk, a read-only or foreign folder): one line
-        # naming the file, as bad input gets, not a traceback.
-        print(f"error: {err.filename}: cannot write: {err.strerror or err}", file=sys.stderr)
+        # A file the command could not write or open (a full disk, a read-only or foreign folder, a
+        # directory where a file goes): one line naming it, as bad input gets, not a traceback.
+        print(f"error: {err.filename}: {err.strerror or err}", file=sys.stderr)
         return 2
 
 
 def _unwritable(err: OSError) -> bool:
-    """Whether `err` is a file the command could not write where the user pointed it."""
+    """Whether `err` is a file the command could not write or open where the user pointed it."""
     import errno
 
     kinds = (FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)

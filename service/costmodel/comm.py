@@ -168,30 +168,6 @@ def overlapped_exposed_s(comm_s: Num, compute_s: Num, contention: float) -> Num:
     return np.maximum(0.0, comm_s - compute_s) + contention * hidden
 
 
-def share_window(streams: list[tuple[Num, Num, float]], window_s: Num) -> tuple[list[np.ndarray], np.ndarray]:
-    """Streams that each hide behind compute, made to share the compute: `streams` holds each one's
-    (raw time, exposed time after its own overlap, contention); `window_s` is the compute they all
-    overlap. Each stream's own rule hides it behind (a part of) the compute as if alone, but the compute
-    runs once: together they hide at most `window_s`, and what they hide beyond it outlasts the compute,
-    exposed at its full time instead of at `contention` (the streams in series, as
-    `overlapped_exposed_s` treats one). Without this, k streams that each outlast the compute would make
-    the step shorter when the compute grows (each gains its hidden share back), which no schedule does.
-    Returns the streams' exposed times, the excess shared out by what each hid, and the compute time
-    they hide behind together (≤ `window_s`)."""
-    hidden = [np.asarray(raw, dtype=float) - np.asarray(exposed, dtype=float) for raw, exposed, _ in streams]
-    running = [
-        h / (1.0 - c) if c < 1.0 else np.zeros_like(h) for h, (_, _, c) in zip(hidden, streams, strict=True)
-    ]
-    total = np.sum(running, axis=0)
-    over = np.maximum(0.0, total - np.asarray(window_s, dtype=float))
-    share = np.divide(over, total, out=np.zeros_like(total), where=total > 0)
-    exposed = [
-        np.asarray(e, dtype=float) + (1.0 - c) * r * share
-        for r, (_, e, c) in zip(running, streams, strict=True)
-    ]
-    return exposed, total - over
-
-
 def host_transfer_time_s(transfer_bytes: Num, gpu: GPUSpec) -> Num:
     """Copy over PCIe between host and GPU (ZeRO-Offload / ZeRO-Infinity)."""
     return transfer_bytes / (gpu.host_to_device_gb_per_s * 1e9)

@@ -182,19 +182,6 @@ def step_time_terms(
     # micro-batch's forward and backward, as the other overlapped collectives hide.
     a2a = experts_a2a * (2 + ((p.recompute == 2) | (megatron_modules & ("moe" in modules))))
     ep_mb = np.where(p.ep_comm_overlap, comm.overlapped_exposed_s(a2a, fwd + bwd, contention), a2a)
-    # Each stream above hides behind the micro-batch's compute as if it ran alone; together they hide
-    # at most that compute (comm.share_window). Raw times: the same rules with nothing hidden.
-    cp_raw = layers * context.exposed_per_layer_s(
-        model, p, tokens, d, 0.0 * attention_layer, backward_ratio, gpn, gpu, net
-    )
-    tp_raw = tensor_parallel.tp_comm_per_micro_batch_s(model, p, tp_ar, gemm / layers, 1.0) * layers
-    pp_raw = pipeline_parallel.pp_comm_per_micro_batch_s(
-        cluster, p, tokens * model.hidden_size * d, gpu, net, fwd + bwd, 1.0
-    )
-    streams = [(tp_raw, tp_mb, contention), (cp_raw, cp_mb, 0.0), (pp_raw, pp_mb, contention)]
-    (tp_mb, cp_mb, pp_mb, ep_mb), hidden_mb = comm.share_window(
-        [*streams, (a2a, ep_mb, contention)], fwd + bwd + recompute
-    )
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     bubble = (p.pp - 1) / v * slot
 
@@ -212,14 +199,6 @@ def step_time_terms(
     optimizer_step = data_parallel.optimizer_step_s(zero, p, gpu)
     optimizer_step = optimizer_step + expert_sync.optimizer_step_s(whole, p, moe_blocks, gpu)
     ga = p.grad_accum
-    # The data-parallel collectives and the offload copies hide in the compute the micro-batch streams
-    # left (host copies pay no SM contention: offload.py).
-    dp_raw = data_parallel.exposed_comm_s(window, p, fwd, bwd, 1.0)
-    offload_raw = data_parallel.exposed_offload_s(window, slices, p, fwd, bwd, gpu, 1.0)
-    (dp_comm, offload_s), _ = comm.share_window(
-        [(dp_raw, dp_comm, contention), (offload_raw, offload_s, 0.0)],
-        ga * (fwd + bwd + recompute - hidden_mb),
-    )
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
     # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
     overhead = params["step_overhead_s"] + ga * params["microstep_overhead_s"]

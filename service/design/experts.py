@@ -35,7 +35,7 @@ def expert_parallelism(
     est, plans = s.est, s.plans
     share = np.where(est.step_time_s > 0, est.ep_comm_s / est.step_time_s, 0.0)
     feasible = np.isin(s.selection.status, MEETS_BUDGET)
-    value = s.objective(budget.objective)
+    value = s.regret_values(budget.objective)  # hours for cost: defined at a price of 0 too
     families = []
     for ep in np.unique(plans.ep[feasible]):
         rows = np.flatnonzero(feasible & (plans.ep == ep))

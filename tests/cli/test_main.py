@@ -21,7 +21,7 @@ TINY = str(Path(__file__).resolve().parents[2] / "experiments" / "tiny-cpu.yaml"
         OSError(errno.ENOSPC, "No space left on device", "/runs/x/charts/memory.png"),
     ],
 )
-def test_an_output_it_cannot_write_is_one_line_naming_the_file(monkeypatch, capsys, err):
+def test_a_file_it_cannot_write_or_open_is_one_line_naming_it(monkeypatch, capsys, err):
     def fail(args):  # type: ignore[no-untyped-def]
         raise err
 
@@ -29,7 +29,7 @@ def test_an_output_it_cannot_write_is_one_line_naming_the_file(monkeypatch, caps
     assert main(["plan", TINY]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1
-    assert out.err.startswith(f"error: {err.filename}: cannot write: {err.strerror}")
+    assert out.err.startswith(f"error: {err.filename}: {err.strerror}")
 
 
 def test_other_os_errors_are_not_disguised_as_bad_output_paths(monkeypatch):
