@@ -221,7 +221,7 @@ def finish(
         ds = production_ds_config(plan, spec.model_copy(update={"cluster": main.cluster}))
         ds_path = dump_json(folder / "ds_config.json", ds)
         deepspeed = launch_command(plan, main.cluster, ds_path)
-        train_job = offers_service_train(spec, main.cluster, experiment_path)
+        train_job = offers_service_train(spec, main.cluster, experiment_path, plan)
         command = ray_job_command(experiment_path, plan) if train_job else deepspeed  # type: ignore[arg-type]
         write_launch_script(
             folder / "launch.sh", command, plan, main.cluster, deepspeed, spec.model, train_job=train_job

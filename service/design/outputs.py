@@ -22,17 +22,16 @@ from service.spec.proxy import ProxySpec
 
 
 def production_ds_config(plan: Plan, experiment: ExperimentSpec) -> dict[str, Any]:
-    """The DeepSpeed config of `plan` on the production cluster (a CUDA "proxy" of full size)."""
-    from service.train.ds_config import deepspeed_config
+    """The DeepSpeed config of `plan` on the production cluster (a CUDA "proxy" of full size) with the
+    production settings `service train`'s workers run with (train.ds_config.production_settings)."""
+    from service.train.ds_config import deepspeed_config, production_settings, with_settings
 
-    proxy = ProxySpec(device="cuda", precision=plan.precision, seed=experiment.proxy.seed)
+    # A CUDA config computes in the plan's precision (ds_config.proxy_precision); an FP8 plan's DeepSpeed
+    # precision is bf16 (ProxySpec names only what DeepSpeed itself runs).
+    precision = "bf16" if plan.precision == "fp8" else plan.precision
+    proxy = ProxySpec(device="cuda", precision=precision, seed=experiment.proxy.seed)
     config = deepspeed_config(plan, proxy, experiment.model)
-    config["zero_optimization"]["overlap_comm"] = True
-    config["steps_per_print"] = 100
-    opt = experiment.optimizer
-    config["optimizer"]["params"].update(lr=opt.lr, weight_decay=opt.weight_decay)
-    config["scheduler"] = opt.scheduler(max(1, int(experiment.workload.steps_to_train)))
-    return config
+    return with_settings(config, production_settings(experiment, int(experiment.workload.steps_to_train)))
 
 
 def ray_job_command(experiment_path: str, plan: Plan) -> str:
@@ -43,12 +42,18 @@ def ray_job_command(experiment_path: str, plan: Plan) -> str:
     return shlex.join(["python", "-m", "service", "submit", "--", *train])
 
 
-def offers_service_train(spec: ExperimentSpec, cluster: ClusterSpec, experiment_path: str | None) -> bool:
+def offers_service_train(
+    spec: ExperimentSpec, cluster: ClusterSpec, experiment_path: str | None, plan: Plan
+) -> bool:
     """Whether the launch is a `service train` job: it runs the experiment's own cluster (offered when
-    that cluster was chosen), and keeps the logits, so not for a workload priced with a fused loss
-    (`Workload.fused_cross_entropy`, which `train` refuses): that one is the user's own script's."""
+    that cluster was chosen), keeps the logits, so not for a workload priced with a fused loss
+    (`Workload.fused_cross_entropy`, which `train` refuses), and builds the plan's layout
+    (train.production.trainer_problem); otherwise the launch is the user's own script's."""
+    from service.train.production import trainer_problem
+
     same_cluster = cluster == spec.cluster and experiment_path is not None
-    return same_cluster and not spec.workload.fused_cross_entropy
+    runnable = trainer_problem(spec, plan) is None
+    return same_cluster and not spec.workload.fused_cross_entropy and runnable
 
 
 def launch_command(plan: Plan, cluster: ClusterSpec, ds_config_path: Path) -> str:
@@ -87,6 +92,20 @@ fi
 """
 
 
+# A mixture of experts: this service's trainer loads no MoE checkpoint (train/checkpoint_checks.py), so
+# its job proves the layout from random initialisation and the real run is the user's own script.
+MOE_TRAIN_JOB_GUARD = """\
+# This service's trainer loads no mixture-of-experts checkpoint: train with your own script (above).
+# Smoke test of the layout from random initialisation: SMOKE_TEST=1 [STEPS=20] ./launch.sh
+if [[ "${SMOKE_TEST:-}" == 1 ]]; then
+  extra=(--steps "${STEPS:-20}")
+else
+  echo "launch.sh: SMOKE_TEST=1 for a short run of the layout; the training run is your own script's" >&2
+  exit 2
+fi
+"""
+
+
 def write_launch_script(
     path: Path,
     command: str,
@@ -107,17 +126,23 @@ def write_launch_script(
         else ""
     )
     layout += _moe_layer_line(model, plan)
-    alternative = (
-        "# Or with your own training script (`hostfile` lists the nodes, 'host slots=8' per line; train.py\n"
-        "# passes --deepspeed_config to deepspeed.initialize):\n"
-        f"{layout}"
-        f"#   {deepspeed_command}\n"
-        if deepspeed_command
-        else ""
-    )
+    slots = f"'host slots={cluster.gpus_per_node}' per line"
+    if deepspeed_command and deepspeed_command != command:
+        alternative = (
+            f"# Or with your own training script (`hostfile` lists the nodes, {slots}; train.py\n"
+            "# passes --deepspeed_config to deepspeed.initialize):\n"
+            f"{layout}"
+            f"#   {deepspeed_command}\n"
+        )
+    else:  # the command is the user's own script's
+        alternative = (
+            f"# Your own training script, train.py (`hostfile` lists the nodes, {slots}), passes\n"
+            f"# --deepspeed_config to deepspeed.initialize.\n{layout}"
+        )
     body = f"{command}\n"
     if train_job:
-        body = TRAIN_JOB_GUARD + f'{command} "${{extra[@]}}"\n'
+        guard = MOE_TRAIN_JOB_GUARD if model is not None and model.moe is not None else TRAIN_JOB_GUARD
+        body = guard + f'{command} "${{extra[@]}}"\n'
     path.write_text(
         "#!/usr/bin/env bash\n"
         f"# {plan.short()} on {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}.\n"

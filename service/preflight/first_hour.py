@@ -200,6 +200,7 @@ class Preflight:
         out = run_dir / PROBE_FILE
         ckpt = _latest_checkpoint(run_dir)
         worker = worker_config(self.experiment, self.plan, run_dir=str(run_dir), steps=self.steps)
+        worker = worker.model_copy(update={"ds_settings": self.production.ds_settings})
         config = {
             "worker": worker.model_dump(mode="json"),
             "ops": [op for op, _ in coll.plan_collectives(self.plan)],

@@ -29,10 +29,16 @@ def own_script_note(r: RunResult) -> str:
 def outputs(r: RunResult) -> list[Block]:
     blocks: list[Block] = [("h2", "Outputs")]
     launch = f"launch: `{r.launch_command}`"
-    if r.launch_command and "service train" in r.launch_command:
+    if r.launch_command and "service train" in r.launch_command and r.experts is not None:
+        launch += (
+            " — it trains this plan from random initialisation on the experiment's `proxy.data` tokens, to "
+            "prove the layout, memory and speed (`SMOKE_TEST=1` in `launch.sh`); this service's trainer "
+            "loads no mixture-of-experts checkpoint, so the training run itself is your own script's"
+        )
+    elif r.launch_command and "service train" in r.launch_command:
         launch += (
             " — with `--weights DIR --data FILES` it fine-tunes your own Hugging Face checkpoint on your "
-            "data (JSON lines, Parquet or Arrow; plans without pipeline or context parallelism), "
+            "data (JSON lines, Parquet or Arrow; a model with tied embeddings needs tp and pp 1), "
             "with an evaluation split and the trained weights exported in Hugging Face format; without "
             "them it trains this plan from random initialisation on the experiment's `proxy.data` tokens, "
             "to prove the layout, memory and speed. `launch.sh` submits it with `WEIGHTS=... DATA=...` set, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.spec.experiment import ExperimentSpec
 from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 from service.spec.proxy import ProxySpec
@@ -37,7 +38,7 @@ def proxy_precision(plan: Plan, proxy: ProxySpec) -> str:
     return proxy.precision if proxy.device == "cpu" else plan.precision
 
 
-def _zero_section(plan: Plan, knobs: ZeroKnobs) -> dict[str, Any]:
+def _zero_section(plan: Plan, knobs: ZeroKnobs, pin_memory: bool = False) -> dict[str, Any]:
     """ZeRO settings. Bucket sizes and the ZeRO-3 persistence threshold are `knobs`, the values the cost
     model prices (`service.spec.zero.ZeroKnobs`, scaled with the model instead of DeepSpeed's fixed
     5e8-element defaults, which would dwarf a small proxy): one source for what runs and what is
@@ -59,10 +60,12 @@ def _zero_section(plan: Plan, knobs: ZeroKnobs) -> dict[str, Any]:
             }
         )
     zero.update(hierarchical_zero_config(plan))  # ZeRO++ hpZ/qwZ/qgZ (stage 3)
+    # Pinned host buffers on a GPU (DeepSpeed's default, and what costmodel/offload.py prices); a CPU
+    # proxy has no device to pin for.
     if plan.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
     if plan.offload_params:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
     return zero
 
 
@@ -100,19 +103,22 @@ def deepspeed_config(
     checkpoint function, which the pipeline engine uses.
     """
     precision = proxy_precision(plan, proxy)
+    # FP8 is the GEMMs' business (Transformer Engine or torchao in the model); DeepSpeed's own mixed
+    # precision around them is bf16, as in NVIDIA's FP8 recipes.
+    precision = "bf16" if precision == "fp8" else precision
     if precision == "bf16" and not bf16_supported:
         precision = "fp16"
+    zero = _zero_section(plan, ZeroKnobs.for_model(model), pin_memory=proxy.device == "cuda")
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": plan.grad_accum,
         "gradient_clipping": GRADIENT_CLIPPING,
         "optimizer": _optimizer_section(plan),
-        "zero_optimization": _zero_section(plan, ZeroKnobs.for_model(model)),
+        "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12, "loss_scale_window": 100},
         "steps_per_print": 10**9,  # the worker reports every step itself
         "wall_clock_breakdown": False,
-        "seed": proxy.seed,
     }
     if plan.zero_stage > 0 and precision == "fp32":
         # ZeRO 1-2 refuse an fp32 model with a "client optimizer" check unless this is set.
@@ -130,3 +136,29 @@ def deepspeed_config(
             "cpu_checkpointing": False,
         }
     return config
+
+
+def production_settings(experiment: ExperimentSpec, total_steps: int) -> dict[str, Any]:
+    """What the production run's DeepSpeed config sets beyond the proxies': the experiment's AdamW
+    learning rate and weight decay with its warmup-cosine schedule over `total_steps`, ZeRO's
+    communication overlap on (the cost model prices it on), and a progress line every 100 steps. The
+    written ds_config.json and the `service train` workers both take it (`with_settings`), so what runs
+    is what the memo hands over."""
+    opt = experiment.optimizer
+    return {
+        "optimizer": {"params": {"lr": opt.lr, "weight_decay": opt.weight_decay}},
+        "scheduler": opt.scheduler(max(1, int(total_steps))),
+        "zero_optimization": {"overlap_comm": True},
+        "steps_per_print": 100,
+    }
+
+
+def with_settings(config: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """`config` with `settings` merged in, section by section (nested dicts merged, values replaced)."""
+    out = dict(config)
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = with_settings(out[key], value)
+        else:
+            out[key] = value
+    return out

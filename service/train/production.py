@@ -59,6 +59,22 @@ def full_scale(experiment: ExperimentSpec) -> ExperimentSpec:
     return experiment.model_copy(update={"proxy": experiment.proxy.model_copy(update=update)})
 
 
+def trainer_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
+    """Why this service's trainer cannot run `plan` of `experiment` at full scale (None when it can):
+    its MoE model is DeepSpeed's MoE layer on Llama blocks, without tensor-parallel layers around it or
+    Ulysses attention beside it (service/train/proxy_scale.py `_moe_proxy_problem`)."""
+    from service.train.proxy_scale import _moe_proxy_problem
+
+    if experiment.model.moe is None:
+        return None
+    problem = _moe_proxy_problem(plan)
+    return (
+        f"this service's trainer runs no such layout ({problem}); train it with your own script"
+        if problem
+        else None
+    )
+
+
 def choose_plan(experiment: ExperimentSpec, label: str = "selected") -> Plan:
     """The planner's selected plan, or the valid plan whose label (`Plan.short()`) is `label`."""
     from service.planner import Planner
@@ -147,6 +163,9 @@ class ProductionRun:
             )
         self.experiment = full_scale(spec)
         self.plan = plan if isinstance(plan, Plan) else choose_plan(spec, plan)
+        problem = trainer_problem(spec, self.plan)
+        if problem:
+            raise SpecError("--plan", f"{self.plan.short()}: {problem}")
         if steps is not None and steps <= 0:
             raise SpecError("--steps", f"must be positive, got {steps}")
         self.steps = steps or self._workload_steps()
@@ -162,6 +181,14 @@ class ProductionRun:
         self.eval_fraction, self.eval_every = eval_fraction, eval_every or 0
         self.launch = launch
         self._rows = self._check_finetune()
+
+    @property
+    def ds_settings(self) -> dict[str, Any]:
+        """The production DeepSpeed settings (learning rate and schedule over this run's steps, overlap):
+        the same the written ds_config.json holds (train.ds_config.production_settings)."""
+        from service.train.ds_config import production_settings
+
+        return production_settings(self.experiment, self.steps)
 
     def _check_finetune(self) -> Any:
         """Refuses, in one line and before anything is written, what a fine-tuning run cannot do; returns
@@ -293,7 +320,7 @@ class ProductionRun:
             checkpoint_every=self.checkpoint_every,
             inject_failure_at_step=self.inject_failure_at_step,
             save_final=True,
-        ).model_copy(update={"finetune": finetune})
+        ).model_copy(update={"finetune": finetune, "ds_settings": self.ds_settings})
         if self.launch is None:
             fit = ray_trainer(
                 self.experiment,

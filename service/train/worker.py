@@ -27,7 +27,7 @@ from service.spec.proxy import ProxySpec
 from service.train import checkpoint, cpu_layout, hf_data, measure, moe, rank_memory
 from service.train.data import ShardedLoader, token_source
 from service.train.device import apply_collective_timeout, cap_memory, pick_device, seed_everything
-from service.train.ds_config import deepspeed_config
+from service.train.ds_config import deepspeed_config, with_settings
 from service.train.model import apply_recompute, build_causal_lm, build_model, forward_loss
 from service.train.startup import import_deepspeed
 from service.train.weights import FineTune, export_hf, load_causal_lm
@@ -54,6 +54,8 @@ class WorkerConfig(BaseModel):
     predicted: dict[str, float] = {}
     stall: dict[str, float] | None = None  # test hook: {"rank", "step", "seconds"}, see `_maybe_stall`
     finetune: FineTune | None = None  # the user's weights and data (service.train.weights, hf_data)
+    # The production run's DeepSpeed settings beyond the proxies' (ds_config.production_settings)
+    ds_settings: dict[str, Any] = {}
 
 
 # A reporter takes (metrics, checkpoint directory or None) and returns nothing. Metrics are floats,
@@ -69,6 +71,7 @@ def build_engine(cfg: WorkerConfig, device: torch.device) -> tuple[Any, dict[str
 
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
     ds_config = deepspeed_config(cfg.plan, cfg.proxy, cfg.model, bf16_supported=bf16_ok)
+    ds_config = with_settings(ds_config, cfg.ds_settings)
     dtype = torch.bfloat16 if ds_config["bf16"]["enabled"] else torch.float32
     dtype = torch.float16 if ds_config["fp16"]["enabled"] else dtype
     mpu = None

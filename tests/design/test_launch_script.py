@@ -65,6 +65,7 @@ def test_a_fused_loss_workload_is_launched_with_the_users_own_script() -> None:
     fused = seed.model_copy(
         update={"workload": seed.workload.model_copy(update={"fused_cross_entropy": True})}
     )
-    assert offers_service_train(seed, seed.cluster, "experiments/llama2-13b-32xh100.yaml")
-    assert not offers_service_train(fused, fused.cluster, "experiments/llama2-13b-32xh100.yaml")
-    assert not offers_service_train(seed, seed.cluster, None)
+    plan = Plan(dp=32, zero_stage=3, micro_batch=1, grad_accum=4)
+    assert offers_service_train(seed, seed.cluster, "experiments/llama2-13b-32xh100.yaml", plan)
+    assert not offers_service_train(fused, fused.cluster, "experiments/llama2-13b-32xh100.yaml", plan)
+    assert not offers_service_train(seed, seed.cluster, None, plan)
