@@ -287,7 +287,9 @@ def _find_row(table: PlanTable, plan: Plan) -> int | None:
 
 
 class Planner:
-    """Ranks every valid plan of an experiment and selects one under its budget.
+    """Ranks every valid plan of an experiment and selects one under its budget. Hours and dollars are
+    the run's expected wall-clock with the experiment's `goodput` (interruptions, checkpoints, restarts),
+    as `run` prices them, so both check the budget against the same numbers.
 
     Args:
         experiment: an `ExperimentSpec`, or the path of its YAML file.
