@@ -155,7 +155,7 @@ def sensitivity(
             if s.selection.selected is not None
             else None,
             nominal_status=s.selection.status_name(chosen),
-            nominal_regret=float(r[chosen]) if chosen is not None else float("nan"),
+            nominal_regret=_chosen_regret(s, r, chosen),
             objective_value=_best_value(s, objective),
             nominal_value=None if chosen is None else abs(float(s.objective(objective)[chosen])),
         )
@@ -164,7 +164,7 @@ def sensitivity(
     broken = [sc.name for sc in scenarios if sc.selected_label is None]
     if broken:
         note += "; no plan meets the budget under: " + ", ".join(broken)
-    flips = [] if chosen is None else [lv.name for lv, _, r in runs if r[chosen] > tie_regret]
+    flips = [] if chosen is None else [sc.name for sc in scenarios if sc.nominal_regret > tie_regret]
     chosen_label = labels.row(chosen).short() if chosen is not None else None
     return (
         Sensitivity(
@@ -203,6 +203,16 @@ def scenario_regret(s: Scored, objective: str) -> np.ndarray:
         return np.zeros(len(values))
     # Against the best objective, not the scenario's choice, which may be a safer plan of its tie group.
     return np.where(feasible, regret(values, float(values[feasible].min()), objective), np.inf)
+
+
+def _chosen_regret(s: Scored, r: np.ndarray, chosen: int | None) -> float:
+    """The choice's regret in scenario `s`: infinite where it no longer meets the budget (or fits), even
+    when no plan does there (`scenario_regret` leaves every plan at 0 then, nothing to prefer)."""
+    if chosen is None:
+        return float("nan")
+    if s.selection.status[chosen] not in MEETS_BUDGET:
+        return float("inf")
+    return float(r[chosen])
 
 
 def _best_value(s: Scored, objective: str) -> float | None:

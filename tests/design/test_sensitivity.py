@@ -84,3 +84,23 @@ def test_memory_plus_15_percent_is_a_tighter_limit():
     limit = hbm * (1 - tight.memory_headroom)
     assert limit * 1.15 == pytest.approx(hbm * 0.9)
     assert np.isclose(tight.memory_headroom, 1 - 0.9 / 1.15)
+
+
+def test_a_scenario_where_nothing_fits_flips_the_choice(tmp_path):  # type: ignore[no-untyped-def]
+    """Qwen3-30B-A3B on one H100: the choice fits with 67.5 GiB of a 71.6 GiB limit; with memory +15 %
+    no plan fits. That scenario is a flip (the choice fails it), not a 0 % regret."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "experiments" / "qwen3-30b-a3b-64xh100.yaml").read_text())
+    doc["cluster"].update(num_nodes=1, gpus_per_node=1)
+    doc["workload"].update(global_batch_sequences=8, tokens_to_train=1e7)
+    path = tmp_path / "one-gpu.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    spec = load_experiment(path)
+    params = load_params(None)
+    nominal = score(spec.model, spec.cluster, spec.workload, spec.budget, params, spec.goodput)
+    sens, chosen = sensitivity(nominal, spec.model, spec.workload, spec.budget, params, spec.goodput)
+    assert chosen is not None
+    memory = next(sc for sc in sens.scenarios if sc.name.startswith("memory"))
+    assert memory.selected_label is None and memory.nominal_regret == float("inf")
+    assert memory.name in sens.flips
