@@ -62,6 +62,22 @@ class TinyRun:
         return f"sqlite:///{self.tmp / 'mlflow.db'}"
 
 
+def sensitivity_of(doc: dict, tmp: Path) -> tuple:  # type: ignore[type-arg]
+    """An experiment document written under `tmp`, ranked as `run` ranks it and put through the
+    sensitivity scenarios: (the nominal `Scored`, the `Sensitivity`, the row chosen)."""
+    from service.design.decide import score
+    from service.design.sensitivity import sensitivity
+    from service.spec import load_experiment
+    from service.spec.params import load_params
+
+    path = tmp / "variant.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    spec, params = load_experiment(path), load_params(None)
+    nominal = score(spec.model, spec.cluster, spec.workload, spec.budget, params, spec.goodput)
+    sens, chosen = sensitivity(nominal, spec.model, spec.workload, spec.budget, params, spec.goodput)
+    return nominal, sens, chosen
+
+
 def stalled_plan(experiment: Path, out: Path) -> str:
     """The search key of the run's second proxy plan: what `run` would launch second (the first is
     left to finish)."""

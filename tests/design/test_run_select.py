@@ -168,17 +168,12 @@ def test_the_tolerance_counts_from_the_nominal_best_not_from_the_choice() -> Non
 def test_the_more_robust_plan_stays_in_the_choices_tie_group(tmp_path) -> None:
     """One node, no dollar limit, cost objective (a reviewer's case): the nominal choice is off in a
     scenario, and the plan that stays closest lies outside the tie group; it may not replace the choice."""
-    from service.spec.params import load_params
+    from tests.design.conftest import sensitivity_of
 
     doc = yaml.safe_load(EXPERIMENT.read_text())
     doc["cluster"]["num_nodes"] = 1
     doc["budget"]["max_dollars"] = None
-    path = tmp_path / "one-node.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    spec = load_experiment(path)
-    params = load_params(None)
-    nominal = score(spec.model, spec.cluster, spec.workload, spec.budget, params, spec.goodput)
-    _, chosen = sensitivity(nominal, spec.model, spec.workload, spec.budget, params, spec.goodput)
+    nominal, _, chosen = sensitivity_of(doc, tmp_path)
     assert chosen is not None and chosen in set(nominal.selection.ties.tolist())
 
 

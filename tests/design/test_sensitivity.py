@@ -91,15 +91,12 @@ def test_a_scenario_where_nothing_fits_flips_the_choice(tmp_path):  # type: igno
     no plan fits. That scenario is a flip (the choice fails it), not a 0 % regret."""
     import yaml
 
+    from tests.design.conftest import sensitivity_of
+
     doc = yaml.safe_load((REPO / "experiments" / "qwen3-30b-a3b-64xh100.yaml").read_text())
     doc["cluster"].update(num_nodes=1, gpus_per_node=1)
     doc["workload"].update(global_batch_sequences=8, tokens_to_train=1e7)
-    path = tmp_path / "one-gpu.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    spec = load_experiment(path)
-    params = load_params(None)
-    nominal = score(spec.model, spec.cluster, spec.workload, spec.budget, params, spec.goodput)
-    sens, chosen = sensitivity(nominal, spec.model, spec.workload, spec.budget, params, spec.goodput)
+    _, sens, chosen = sensitivity_of(doc, tmp_path)
     assert chosen is not None
     memory = next(sc for sc in sens.scenarios if sc.name.startswith("memory"))
     assert memory.selected_label is None and memory.nominal_regret == float("inf")
