@@ -12,12 +12,12 @@ and the measured tokens/s per GPU, converted with the source's own formula. A ba
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from service.calibrate.runs_csv import csv_dataset
 from service.calibrate.source_flops import FLOPS_PER_TOKEN, FlopsFormula
 from service.catalog import load_gpu, load_model
 from service.spec import ClusterSpec, GPUSpec, ModelSpec, Plan, SpecError, Workload, plan_problem
@@ -295,88 +295,33 @@ def row_plan(ds: Dataset, row: Measurement) -> Plan:
 def measured_run(ds: Dataset, row: Measurement) -> MeasuredRun:
     """The `MeasuredRun` of one row of a runs file."""
     model = model_spec(ds, row.model, row.capacity_factor)
-    cluster = cluster_spec(row)
-    tokens_per_s = measured_tokens_per_s_per_gpu(row, model)
-    _check_below_peak(ds, row, model, cluster, tokens_per_s)
     return MeasuredRun(
         id=row.id,
         source=row.source,
         model=model,
-        cluster=cluster,
+        cluster=cluster_spec(row),
         workload=workload(ds, row),
         plan=row_plan(ds, row),
-        tokens_per_s_per_gpu=tokens_per_s,
+        tokens_per_s_per_gpu=measured_tokens_per_s_per_gpu(row, model),
         approximate=row.approximate,
     )
 
 
-def _check_below_peak(
-    ds: Dataset, row: Measurement, model: ModelSpec, cluster: ClusterSpec, tokens_per_s_per_gpu: float
-) -> None:
-    """A measurement whose model FLOPs (costmodel.flops, active parameters for a MoE) outrun the GPU's
-    dense peak in the row's precision cannot have been measured: refused, naming the row, before it
-    moves a fit."""
+def _above_peak(row: Measurement, model: ModelSpec, cluster: ClusterSpec) -> str | None:
+    """Why the measurement cannot have been made (None when it can): its model FLOPs (costmodel.flops,
+    active parameters for a MoE) outrun the GPU's dense peak in the row's precision."""
     from service.costmodel.flops import model_flops_per_token
 
     precision = "fp8" if row.precision == "fp8" and cluster.gpu.peak_tflops_fp8 else "bf16"
     peak = cluster.gpu.peak_tflops(precision)
-    implied = tokens_per_s_per_gpu * model_flops_per_token(model, row.seq_len) / 1e12
-    if implied > peak:
-        i = next(k for k, m in enumerate(ds.measurements) if m is row)
-        raise SpecError(
-            f"measurements.{i}.measured",
-            f"row {row.id!r} implies {implied:,.0f} model TFLOP/s per GPU, above the {cluster.gpu.name}'s "
-            f"{precision} peak of {peak:,.0f}: not a measurement this GPU can make",
-        )
-
-
-CSV_INT_FIELDS: tuple[str, ...] = ("num_gpus", "gpus_per_node", "dp", "tp", "pp", "cp", "zero_stage")
-CSV_INT_FIELDS += ("micro_batch", "grad_accum", "global_batch", "seq_len")
-CSV_TRUE: tuple[str, ...] = ("1", "true", "yes")
-CSV_FALSE: tuple[str, ...] = ("0", "false", "no")
-
-
-def _csv_dataset(path: Path) -> dict[str, Any]:
-    """A CSV runs file as the YAML format's dict (one source entry per distinct `source`)."""
-    with path.open(newline="", encoding="utf-8-sig") as f:  # a spreadsheet's byte-order mark is no header
-        rows = list(csv.DictReader(f))
-    measurements = []
-    for i, raw in enumerate(rows):
-        extra = raw.get(None) or []  # type: ignore[call-overload]  # DictReader keeps cells past the header
-        if any(str(cell).strip() for cell in extra):  # a spreadsheet's trailing empty cells are no data
-            message = f"line {i + 2} has more cells than the header names"
-            raise SpecError(f"measurements.{i}", message, str(path))
-        row: dict[str, Any] = {k.strip(): v.strip() for k, v in raw.items() if k and v and v.strip()}
-        measured = {}
-        for k in ("tokens_per_s_per_gpu", "step_time_s"):
-            if k in row:
-                value = row.pop(k)
-                try:
-                    measured[k] = float(value)
-                except ValueError:
-                    message = f"not a number: {value!r} (line {i + 2})"
-                    raise SpecError(f"measurements.{i}.{k}", message, str(path)) from None
-        for k in CSV_INT_FIELDS:
-            if k in row:
-                try:
-                    row[k] = int(row[k])
-                except ValueError:
-                    message = f"not an integer: {row[k]!r} (line {i + 2})"
-                    raise SpecError(f"measurements.{i}.{k}", message, str(path)) from None
-        for k in ("sequence_parallel", "comm_overlap", "tp_comm_overlap", "approximate"):
-            if k in row:
-                flag = row[k].lower()
-                if flag not in CSV_TRUE + CSV_FALSE:
-                    allowed = ", ".join(CSV_TRUE + CSV_FALSE)
-                    message = f"not a yes/no value: {row[k]!r} (line {i + 2}; allowed: {allowed})"
-                    raise SpecError(f"measurements.{i}.{k}", message, str(path))
-                row[k] = flag in CSV_TRUE
-        row.setdefault("ref", f"{path.name} row {i + 2}")
-        measurements.append({**row, "measured": measured})
-    sources = {
-        str(m.get("source", "")): {"citation": str(path), "framework": "", "metric": ""} for m in measurements
-    }
-    return {"sources": sources, "models": {}, "measurements": measurements}
+    tokens_per_s = measured_tokens_per_s_per_gpu(row, model)
+    implied = tokens_per_s * model_flops_per_token(model, row.seq_len) / 1e12
+    if implied <= peak:
+        return None
+    return (
+        f"row {row.id!r} implies {implied:,.0f} model TFLOP/s per GPU, above the {cluster.gpu.name}'s "
+        f"{precision} peak of {peak:,.0f}: not a measurement this GPU can make"
+    )
 
 
 def load_dataset(path: str | Path) -> Dataset:
@@ -386,14 +331,17 @@ def load_dataset(path: str | Path) -> Dataset:
     p = Path(path)
     if not p.is_file():
         raise SpecError("runs", "no such file", str(p))
-    data = _csv_dataset(p) if p.suffix.lower() == ".csv" else read_yaml(p)
+    data = csv_dataset(p) if p.suffix.lower() == ".csv" else read_yaml(p)
     ds = validate_as(Dataset, data, str(p))
     for i, row in enumerate(ds.measurements):
         try:
-            model = model_spec(ds, row.model, row.capacity_factor)
-            check = plan_problem(row_plan(ds, row), model, cluster_spec(row))
+            model, cluster = model_spec(ds, row.model, row.capacity_factor), cluster_spec(row)
+            check = plan_problem(row_plan(ds, row), model, cluster)
             if check:
                 raise SpecError(f"measurements.{i}.{check[0]}", f"{row.id}: {check[1]}", str(p))
+            impossible = _above_peak(row, model, cluster)  # refused before it moves a fit
+            if impossible:
+                raise SpecError(f"measurements.{i}.measured", impossible, str(p))
         except ValidationError as err:  # Plan's own rules (what the row's engine can combine)
             message = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
             raise SpecError(
@@ -409,12 +357,7 @@ def load_dataset(path: str | Path) -> Dataset:
 def load_runs(path: str | Path) -> list[MeasuredRun]:
     """Every row of a runs file as a `MeasuredRun`."""
     ds = load_dataset(path)
-    try:
-        return [measured_run(ds, row) for row in ds.measurements]
-    except SpecError as err:
-        if err.source:
-            raise
-        raise SpecError(err.field, err.message, str(path)) from None
+    return [measured_run(ds, row) for row in ds.measurements]
 
 
 def with_profiles(runs: list[MeasuredRun], profile_paths: list[str | Path]) -> list[MeasuredRun]:
