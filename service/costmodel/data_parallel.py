@@ -157,16 +157,16 @@ def zero_traffic(
     """
     gpn = cluster.gpus_per_node
     pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    first, last = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, mem.vocab_parallel(p.engine))
+    # `model` is a MoE model's dense view (of `whole`): each stage moves its own dense blocks and shared
+    # experts, not the view's mean MLP (costmodel/moe.py `stage_params_per_gpu`).
     if whole is not None and whole.moe is not None:
-        # `model` is a MoE model's dense view (`whole`'s): each stage's own dense blocks and shared
-        # experts, not the view's mean MLP (step_memory prices the same parameters).
         from service.costmodel import moe
 
-        first_moe, last_moe, _ = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)
-        first_layers, last_layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
-        first = first + moe.dense_mlp_excess_per_gpu(whole, first_layers, first_moe, p.tp)
-        last = last + moe.dense_mlp_excess_per_gpu(whole, last_layers, last_moe, p.tp)
+        first, last = moe.stage_params_per_gpu(whole, p, mem.vocab_parallel(p.engine))
+    else:
+        first, last = mem.stage_params_per_gpu(
+            model, p.tp, p.pp, p.virtual_stages, mem.vocab_parallel(p.engine)
+        )
     psi = np.maximum(first, last)
     grads_b, params_b = psi * gb, psi * pb
     # Stages 0-2 reduce gradients in buckets (costmodel/buckets.py: a greedy packing of the tensors) and

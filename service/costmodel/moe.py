@@ -142,6 +142,21 @@ def dense_mlp_excess_per_gpu(model: ModelSpec, layers: Num, moe_blocks: Num, tp:
     return np.asarray((held - layers * view.mlp_params_per_layer) / tp, dtype=float)
 
 
+def stage_params_per_gpu(model: ModelSpec, p: PlanTable, vocab_split: Num) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) pipeline stage's parameters per GPU outside the routed experts: the dense view's
+    (memory.stage_params_per_gpu), a MoE model's corrected to the dense blocks and shared experts each
+    stage holds (`dense_mlp_excess_per_gpu`). What step_memory stores and data_parallel moves."""
+    view = model.dense_view()
+    first, last = mem.stage_params_per_gpu(view, p.tp, p.pp, p.virtual_stages, vocab_split)
+    if model.moe is None:
+        return first, last
+    first_moe, last_moe, _ = moe_blocks_per_stage(model, p.pp, p.virtual_stages)
+    first_layers, last_layers = mem.stage_layers(view.num_layers, p.pp, p.virtual_stages)
+    first = first + dense_mlp_excess_per_gpu(model, first_layers, first_moe, p.tp)
+    last = last + dense_mlp_excess_per_gpu(model, last_layers, last_moe, p.tp)
+    return first, last
+
+
 def expert_state_bytes(
     psi_expert: Num, p: PlanTable, param_bytes: Num, grad_bytes: Num, optimizer_bytes: Num
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

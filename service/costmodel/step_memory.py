@@ -152,11 +152,8 @@ def stage_memory_terms(
     sp = p.sequence_parallel
     logits_per_token = mem.logits_bytes_per_token(model, d, s, p.tp, sp, vocab_split, fused_loss)
     pb, _, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
-    first_psi, last_psi = mem.stage_params_per_gpu(model, p.tp, p.pp, p.virtual_stages, vocab_split)
+    first_psi, last_psi = moe.stage_params_per_gpu(whole, p, vocab_split)  # each stage's own MLPs
     first_moe, last_moe, _ = moe.moe_blocks_per_stage(whole, p.pp, p.virtual_stages)
-    if whole.moe is not None:  # the dense view's mean MLP, corrected to the blocks each stage holds
-        first_psi = first_psi + moe.dense_mlp_excess_per_gpu(whole, first_layers, first_moe, p.tp)
-        last_psi = last_psi + moe.dense_mlp_excess_per_gpu(whole, last_layers, last_moe, p.tp)
     # DeepSpeed's ZeRO buckets; FSDP's gather/reduce buffers are priced the same. Megatron's distributed
     # optimizer reduces and gathers in place in its contiguous grad and param buffers (Megatron-Core
     # `distributed/param_and_grad_buffer.py`), which the grads and params terms already count; its
@@ -200,10 +197,10 @@ def stage_memory_terms(
         buffers = buffers + x.buffers
         dense_blocks = layers - moe_blocks
         saved = dense_blocks * dense_blocks_saved[0] + moe_blocks * moe_blocks_saved[0]
-        block_peak = np.where(
-            dense_blocks > 0,
-            np.maximum(dense_blocks_saved[1], np.where(moe_blocks > 0, moe_blocks_saved[1], 0.0)),
-            moe_blocks_saved[1],
+        # the largest block the stage recomputes, of the kinds it holds
+        block_peak = np.maximum(
+            np.where(dense_blocks > 0, dense_blocks_saved[1], 0.0),
+            np.where(moe_blocks > 0, moe_blocks_saved[1], 0.0),
         )
         # A fully recomputed block is rebuilt in backward only after the loss has freed its tensors, so
         # the peak holds one of the two, not both (measured on the proxy, tests/train).
