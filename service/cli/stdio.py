@@ -11,12 +11,13 @@ of its threads can write after the command's own output.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from service.spec.strict_json import non_finite_replaced
 
 
 def shutdown_ray() -> None:
@@ -51,19 +52,9 @@ def library_output_to_stderr(stop_ray: bool = True) -> Iterator[None]:
             os.close(saved)
 
 
-def _finite(value: Any) -> Any:
-    """`value` with every float that is not finite replaced by None, in lists and mappings too."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def print_json(doc: Any, indent: int | None = 2, default: Callable[[Any], Any] | None = None) -> None:
     """Prints `doc` as one strict JSON document (RFC 8259): a number that overflowed or is undefined
     (a price of 1e308 gives infinite dollars) is `null`, as JSON.stringify writes it, not the
     `Infinity` / `NaN` tokens Python's json module writes by default, which JSON parsers refuse."""
-    print(json.dumps(_finite(doc), indent=indent, default=default, allow_nan=False))
+    strict = non_finite_replaced(doc, lambda _: None)
+    print(json.dumps(strict, indent=indent, default=default, allow_nan=False))

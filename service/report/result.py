@@ -8,7 +8,6 @@ lives here, beside the memo that reads it, so that `run` imports `report` and ne
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from service.report.decision_records import (
 from service.report.proxy_records import Calibration, ProxyDesign, ProxyValidation
 from service.spec.plan import Plan
 from service.spec.record import Metrics
+from service.spec.strict_json import as_string, non_finite_replaced
 from service.spec.units import GIB
 from service.spec.workload import Budget
 
@@ -283,19 +283,9 @@ class RunResult(BaseModel):
         number; Python's bare `Infinity` / `NaN` tokens are refused by JSON parsers."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(_non_finite_as_strings(self.to_json()), indent=1, allow_nan=False))
+        p.write_text(json.dumps(non_finite_replaced(self.to_json(), as_string), indent=1, allow_nan=False))
         return p
 
     @classmethod
     def load(cls, path: str | Path) -> RunResult:
         return cls.model_validate(json.loads(Path(path).read_text()))
-
-
-def _non_finite_as_strings(doc: Any) -> Any:
-    if isinstance(doc, float) and not math.isfinite(doc):
-        return "NaN" if math.isnan(doc) else ("Infinity" if doc > 0 else "-Infinity")
-    if isinstance(doc, dict):
-        return {k: _non_finite_as_strings(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_non_finite_as_strings(v) for v in doc]
-    return doc
