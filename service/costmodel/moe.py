@@ -132,29 +132,24 @@ def expert_params_per_gpu(model: ModelSpec, moe_blocks: Num, p: PlanTable) -> np
     return np.asarray(model.expert_params_per_moe_layer * moe_blocks / (p.ep * p.expert_tp), dtype=float)
 
 
-def dense_mlp_excess_per_gpu(model: ModelSpec, layers: Num, moe_blocks: Num, tp: Num) -> np.ndarray:
-    """What a stage's non-expert MLP parameters hold beyond the dense view's mean width, per TP rank:
-    its dense blocks' MLPs and its MoE blocks' shared experts and routers, less `layers` blocks at the
-    view's mean MLP (negative on a stage of MoE blocks only)."""
-    view = model.dense_view()
-    dense_blocks = np.asarray(layers, dtype=float) - moe_blocks
-    held = dense_blocks * model.mlp_params_per_layer + moe_blocks * model.shared_params_per_moe_layer
-    return np.asarray((held - layers * view.mlp_params_per_layer) / tp, dtype=float)
-
-
 def stage_params_per_gpu(model: ModelSpec, p: PlanTable, vocab_split: Num) -> tuple[np.ndarray, np.ndarray]:
-    """(first, last) pipeline stage's parameters per GPU outside the routed experts: the dense view's
-    (memory.stage_params_per_gpu), a MoE model's corrected to the dense blocks and shared experts each
-    stage holds (`dense_mlp_excess_per_gpu`). What step_memory stores and data_parallel moves."""
+    """(first, last) pipeline stage's parameters per GPU outside the routed experts (what step_memory
+    stores and data_parallel moves): the dense view's (memory.stage_params_per_gpu), a MoE model's
+    corrected by what each stage's dense blocks' MLPs and MoE blocks' shared experts and routers hold
+    beyond the view's mean MLP, per TP rank (negative on a stage of MoE blocks only)."""
     view = model.dense_view()
     first, last = mem.stage_params_per_gpu(view, p.tp, p.pp, p.virtual_stages, vocab_split)
     if model.moe is None:
         return first, last
+
+    def excess(layers: Num, moe_blocks: Num) -> np.ndarray:
+        dense_blocks = np.asarray(layers, dtype=float) - moe_blocks
+        held = dense_blocks * model.mlp_params_per_layer + moe_blocks * model.shared_params_per_moe_layer
+        return np.asarray((held - layers * view.mlp_params_per_layer) / p.tp, dtype=float)
+
     first_moe, last_moe, _ = moe_blocks_per_stage(model, p.pp, p.virtual_stages)
     first_layers, last_layers = mem.stage_layers(view.num_layers, p.pp, p.virtual_stages)
-    first = first + dense_mlp_excess_per_gpu(model, first_layers, first_moe, p.tp)
-    last = last + dense_mlp_excess_per_gpu(model, last_layers, last_moe, p.tp)
-    return first, last
+    return first + excess(first_layers, first_moe), last + excess(last_layers, last_moe)
 
 
 def expert_state_bytes(
