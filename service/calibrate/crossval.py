@@ -20,10 +20,13 @@ import numpy as np
 
 from service.calibrate.fit import fit, predict_runs
 from service.calibrate.runs import MeasuredRun
-from service.spec.param_bands import PUBLISHED_FIT_PARAMS
+from service.spec.param_bands import MEMORY_PARAMS, PUBLISHED_FIT_PARAMS
 from service.spec.params import Domain, FitRun, ModelParams, Residuals, interval_bounds
 from service.spec.stack import stack_names
 
+# An 80 % interval's quantiles need residuals beyond its tails, from more than one other source per fold.
+MIN_INTERVAL_RUNS = 10
+MIN_INTERVAL_SOURCES = 3
 METHOD = (
     "leave-one-source-out log residuals log(measured/predicted), source-weighted 10th/90th percentiles; "
     "widened by 1 + {w:g}·(doublings beyond the fitted GPU count and sequence length) + {u:g} for an "
@@ -148,10 +151,14 @@ def leave_one_source_out(
     folds: dict[str, ModelParams] = {}
     predicted: dict[str, float] = {}
     log_res: dict[str, float] = {}
+    analytical = ModelParams()
     for s in sources:
         train = [r for r in runs if r.source != s]
         test = [r for r in runs if r.source == s]
-        params = fit(train, prior, names, name=f"without-{s}").params
+        # A prior fit on s (`--prior` the shipped set, scored on the published runs) would hand the fold
+        # what s taught it through the pull towards the prior: that fold starts from the analytical values.
+        start = prior.with_values({n: analytical[n] for n in names}) if s in prior.fit_on else prior
+        params = fit(train, start, names, name=f"without-{s}").params
         folds[s] = params.model_copy(update={"domain": domain_of(train)})
         for r, p in zip(test, predict_runs(test, params), strict=True):
             predicted[r.id] = float(p)
@@ -221,17 +228,21 @@ def calibrate(
     cross-validated residuals (its intervals) and the domain of all runs.
 
     Without cross-validation (`crossval=False`, or runs from a single source: nothing to leave out) it
-    is the fit alone, with no residuals, so its estimates carry no interval; the second item is None."""
+    is the fit alone; the second item is None. A fit that moved time parameters then has no residuals
+    (its estimates carry no interval) and no scored runs: the prior's were measured on other values."""
     prior = prior or ModelParams()
     used = [r for r in runs if r.tokens_per_s_per_gpu]
     if not crossval or len({r.source for r in used}) < 2:
         params = fit(runs, prior, names, name=name).params
-        return params.model_copy(update={"domain": domain_of(used or runs), "note": note}), None
+        update: dict[str, Any] = {"domain": domain_of(used or runs), "note": note}
+        if any(n not in MEMORY_PARAMS for n in names):
+            update.update(residuals=Residuals(), runs=[])
+        return params.model_copy(update=update), None
     cv = leave_one_source_out(runs, prior, names)
     final = fit(runs, prior, names, name=name).params
     params = final.model_copy(
         update={
-            "residuals": cv.residuals(prior),
+            "residuals": cv.residuals(prior) if interval_withheld(cv) is None else Residuals(),
             "domain": domain_of(used),
             "runs": fit_runs(used, cv),
             "note": note,
@@ -241,9 +252,23 @@ def calibrate(
     return params, cv
 
 
-def calibration_report(params: ModelParams, cv: CrossValidation | None) -> dict[str, Any]:
+def interval_withheld(cv: CrossValidation) -> str | None:
+    """Why `cv`'s residuals are too few for an 80 % interval (None when they suffice). The 10th and 90th
+    percentiles of a handful of residuals are their extremes: two runs gave a "-2 %/+0 %" band."""
+    runs, sources = len(cv.log_residuals), len(cv.per_source)
+    if runs >= MIN_INTERVAL_RUNS and sources >= MIN_INTERVAL_SOURCES:
+        return None
+    return (
+        f"too few out-of-sample residuals for an 80 % interval ({runs} runs from {sources} sources; it takes "
+        f"{MIN_INTERVAL_RUNS} from {MIN_INTERVAL_SOURCES}): the set's estimates carry no interval"
+    )
+
+
+def calibration_report(
+    params: ModelParams, cv: CrossValidation | None, crossval_asked: bool = True
+) -> dict[str, Any]:
     """What `calibrate --json` prints: the set, its fitted values with their bands, which sit at a
-    bound, the domain it saw and, when it was run, the cross-validation."""
+    bound, the domain it saw and, when it was run, the cross-validation (or why it was not)."""
     out: dict[str, Any] = {
         "params": params.summary().model_dump(),
         "values": {k: b.model_dump() for k, b in params.values.items()},
@@ -252,8 +277,12 @@ def calibration_report(params: ModelParams, cv: CrossValidation | None) -> dict[
     }
     if cv is not None:
         out["crossval"] = cv.summary()
+        if (withheld := interval_withheld(cv)) is not None:
+            out["interval_withheld"] = withheld
     else:
-        sources = len(params.fit_on)
-        why = "runs from one source, nothing to leave out" if sources < 2 else "not asked for"
-        out["crossval_skipped"] = f"{why}: no out-of-sample residuals, so its estimates carry no interval"
+        why = "runs from one source, nothing to leave out" if crossval_asked else "not asked for"
+        if params.residuals.n:  # a memory-only fit keeps the time terms, and their interval, as they were
+            out["crossval_skipped"] = f"{why}; the time terms and their interval are the prior's"
+        else:
+            out["crossval_skipped"] = f"{why}: no out-of-sample residuals, so its estimates carry no interval"
     return out

@@ -3,9 +3,11 @@ each parameter bounded to its physical band.
 
 Method (stated wherever a fitted set is used):
 - residual of a run = log(cost model's tokens/s per GPU / measured), weighted by 1/√(runs of its
-  source), so every source counts as much as any other however many rows it has;
-- soft-L1 loss (scipy.optimize.least_squares, `loss="soft_l1"`, f_scale 0.1): residuals beyond
-  ~10 % count linearly, so a few odd runs cannot drag the parameters;
+  source): under a squared loss every source would count as much as any other however many rows it has;
+- Cauchy loss (scipy.optimize.least_squares, `loss="cauchy"`, f_scale 0.1): weighted residuals beyond
+  ~10 % count less and less, so a few odd runs cannot drag the parameters. The loss acts on the weighted
+  residuals, so a source with many rows (their residuals shrunk by 1/√n, further inside the loss's
+  quadratic part) still pulls harder than a few rows as far off: the equal weighting is approximate;
 - a weak pull of each parameter towards its analytical prior (`PRIOR_WEIGHT` per unit of its band),
   so a parameter the data cannot identify stays where the physics put it instead of wandering;
 - bounds = the parameter's band (`ModelParams.values[...].low/high`); one that ends on an edge is

@@ -49,6 +49,8 @@ def render(report: dict[str, Any]) -> str:
         )
         for s, v in cv["per_source"].items():
             lines.append(f"  {s:32s} n={v['n']:3d}  MAPE {v['mape']:6.1%}  coverage {v['coverage_80']:4.0%}")
+    if report.get("interval_withheld"):
+        lines.append(f"\n{report['interval_withheld']}")
     if report.get("crossval_skipped"):
         lines.append(f"\nleave-one-source-out skipped: {report['crossval_skipped']}")
     lines.append(f"\ninterval: {report['params']['interval']}")
@@ -57,7 +59,7 @@ def render(report: dict[str, Any]) -> str:
 
 def _names(text: str | None) -> tuple[str, ...]:
     from service.spec import SpecError
-    from service.spec.param_bands import PUBLISHED_FIT_PARAMS, TIME_PARAMS, default_bands
+    from service.spec.param_bands import MEMORY_PARAMS, PUBLISHED_FIT_PARAMS, TIME_PARAMS, default_bands
 
     if text is None:
         return PUBLISHED_FIT_PARAMS
@@ -68,6 +70,13 @@ def _names(text: str | None) -> tuple[str, ...]:
     if unknown or not names:
         raise SpecError(
             "--fit", f"unknown parameter(s) {unknown}; allowed: all, {', '.join(default_bands())}"
+        )
+    memory = [n for n in names if n in MEMORY_PARAMS]
+    if memory:  # fitting one would return the prior unchanged, under its own name
+        raise SpecError(
+            "--fit",
+            f"{', '.join(memory)}: memory parameters fit on measured activations, which a runs file does not "
+            f"carry (`run` fits them on its proxies); allowed: all, {', '.join(TIME_PARAMS)}",
         )
     return names
 
@@ -100,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     note = f"fit by `python -m service calibrate {args.runs}`"
     name = args.name or Path(args.runs).stem
     params, cv = calibrate(runs, prior, fit, name=name, note=note, crossval=not args.no_crossval)
-    report = calibration_report(params, cv)
+    report = calibration_report(params, cv, crossval_asked=not args.no_crossval)
     if out is not None:
         report["written"] = str(save_params(params, out))
     if args.json:

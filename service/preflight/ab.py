@@ -30,7 +30,7 @@ def other_plan(
         other = found
     else:
         try:
-            other = choose_plan(spec, compare)
+            other = choose_plan(spec, compare, params)
         except SpecError as e:
             raise SpecError("--compare", e.message) from None
     if other.short() == chosen.short():
@@ -52,7 +52,7 @@ def ab_summary(production: Any, other: Any) -> dict[str, Any]:
         "other_reason": other.reason,
         "other_run_dir": other.run_dir,
     }
-    if mine and theirs:
+    if mine and theirs and production.status == other.status == "ok":  # a failed run's speed is no A/B
         ab["other_over_chosen"] = theirs / mine
         faster, slower = (ab["other"], ab["chosen"]) if theirs > mine else (ab["chosen"], ab["other"])
         ab["line"] = (
@@ -60,5 +60,7 @@ def ab_summary(production: Any, other: Any) -> dict[str, Any]:
             f"({mine:,.0f} vs {theirs:,.0f} tokens/s, {ab['chosen']} first)"
         )
     else:
-        ab["line"] = f"A/B: {ab['other']} {other.status}: {other.reason or 'no tokens/s logged'}"
+        failed = other if other.status != "ok" or not theirs else production
+        why = failed.reason or ("no tokens/s logged" if failed.status == "ok" else failed.status)
+        ab["line"] = f"A/B: {failed.plan.short()} {failed.status}: {why}"
     return ab

@@ -38,6 +38,7 @@ from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
 from service.spec.params import ModelParams, load_params
 from service.spec.plan import Plan
+from service.spec.strict_json import non_finite_replaced
 from service.spec.units import GIB
 
 RESULT_FILE = "preflight.json"
@@ -95,14 +96,18 @@ class Preflight:
         from service.train.production import ProductionRun
 
         spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
-        if steps is not None and steps <= 0:
-            raise SpecError("--steps", f"must be positive, got {steps}")
+        warmup = spec.proxy.warmup_steps
+        if steps is not None and steps <= warmup:  # the worker would time its warm-up steps instead
+            raise SpecError(
+                "--steps", f"must exceed the {warmup} warm-up steps (proxy.warmup_steps), got {steps}"
+            )
         if message_mib is not None and not (math.isfinite(message_mib) and message_mib > 0):
             raise SpecError("--message-mib", f"must be a positive number, got {message_mib}")
         self.params = params if isinstance(params, ModelParams) else load_params(params)
         self.steps = steps or spec.proxy.warmup_steps + 3
         self.stamp = time.strftime("%Y%m%d-%H%M%S")
-        probe = ProductionRun(spec, plan, steps=self.steps, track=False)  # the plan, full-scale spec
+        # the plan (chosen under `params`, as `plan --params` chooses it) and the full-scale spec
+        probe = ProductionRun(spec, plan, steps=self.steps, track=False, params=self.params)
         self.plan, self.experiment = probe.plan, probe.experiment
         label = self.plan.short().replace(":", "_")
         self.run_name = f"preflight-{spec.name}-{label}-{self.stamp}"
@@ -116,6 +121,7 @@ class Preflight:
             max_failures=0,
             track=track,
             progress=log is not None,
+            params=self.params,
         )
         self.storage_path = self.production.storage_path
         self.compare: ProductionRun | None = None
@@ -131,9 +137,14 @@ class Preflight:
                 max_failures=0,
                 track=track,
                 progress=log is not None,
+                params=self.params,
             )
         results = results_root(repo_root() / "ray_results")
         self.out_dir = Path(out_dir or results / "preflight" / spec.name).resolve()
+        try:  # before the first hour is spent, not after: the verdict must have somewhere to go
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise SpecError("--out", f"{self.out_dir}: {err.strerror or err}") from None
         self.thresholds: Thresholds = with_overrides(
             default_thresholds(self.experiment, self.plan, self.params), **(overrides or {})
         )
@@ -300,7 +311,7 @@ class Preflight:
             "peak_memory_bytes_by_rank": [row[-1] for row in by_rank] if by_rank else [],
             "model_state_bytes": finite(m.get("measured_model_state_bytes_per_rank")),
             "predicted_tokens_per_s": finite(m.get("predicted_tokens_per_s")),
-            "final_loss": production.losses[-1] if production.losses else None,
+            "final_loss": production.losses[-1] if production.losses else None,  # checked by `failures`
             "run_dir": production.run_dir,
             "mlflow_run_id": production.mlflow_run_id,
             "wall_s": production.wall_s,
@@ -313,6 +324,7 @@ class Preflight:
             "collectives": rows,
             "storage_gb_per_s": ckpt.get("write_gb_per_s"),
             "checkpoint_error": ckpt.get("error"),
+            "final_loss": prod["final_loss"],
         }
         notes: list[str] = []
         if production.status != "ok":
@@ -324,32 +336,37 @@ class Preflight:
         if probe.get("fallback"):
             notes.append(str(probe["fallback"]))
         reasons = failures(self.thresholds, measured)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         runs_file = None
         ab = ab_summary(production, other) if other is not None else None
-        if prod["tokens_per_s"]:
+        # Only a run that finished every step is a measurement calibrate may fit on: a failed one's last
+        # tokens/s is whatever its last step logged before the failure.
+        if prod["tokens_per_s"] and self._completed(production):
             ran = proxy_plan(self.experiment, self.plan).precision
-            document = runs_document(
-                self.experiment,
-                self.plan,
-                ran,
-                prod["tokens_per_s"],
-                run_id=self.run_name,
-                when=time.strftime("%Y-%m-%d %H:%M:%S"),
-                notes=f"{self.steps} steps, step time {prod['step_time_s']:.4g} s; "
-                f"verdict {verdict_line(reasons)}",
-            )
-            if ab is not None and ab["other_tokens_per_s"]:
-                document["measurements"] += runs_document(
+            when = time.strftime("%Y-%m-%d %H:%M:%S")
+            try:
+                document = runs_document(
                     self.experiment,
-                    other.plan,
-                    proxy_plan(self.experiment, other.plan).precision,
-                    ab["other_tokens_per_s"],
-                    run_id=f"{self.run_name}-ab",
-                    when=time.strftime("%Y-%m-%d %H:%M:%S"),
-                    notes=f"{self.steps} steps, the A/B beside {self.plan.short()}",
-                )["measurements"]
-            runs_file = str(write_runs_file(document, self.out_dir))
+                    self.plan,
+                    ran,
+                    prod["tokens_per_s"],
+                    run_id=self.run_name,
+                    when=when,
+                    notes=f"{production.steps} steps, step time {prod['step_time_s']:.4g} s; "
+                    f"verdict {verdict_line(reasons)}",
+                )
+                if ab is not None and ab["other_tokens_per_s"] and self._completed(other):
+                    document["measurements"] += runs_document(
+                        self.experiment,
+                        other.plan,
+                        proxy_plan(self.experiment, other.plan).precision,
+                        ab["other_tokens_per_s"],
+                        run_id=f"{self.run_name}-ab",
+                        when=when,
+                        notes=f"{other.steps} steps, the A/B beside {self.plan.short()}",
+                    )["measurements"]
+                runs_file = str(write_runs_file(document, self.out_dir))
+            except (SpecError, OSError) as err:  # the verdict is still written and printed
+                notes.append(f"no runs file: {err}")
         result = PreflightResult(
             experiment=self.experiment.name,
             plan=self.plan.short(),
@@ -365,5 +382,10 @@ class Preflight:
             wall_s=wall_s,
             notes=notes,
         )
-        (self.out_dir / RESULT_FILE).write_text(json.dumps(result.summary(), indent=2))
+        summary = non_finite_replaced(result.summary(), lambda _: None)  # strict JSON, as --json prints
+        (self.out_dir / RESULT_FILE).write_text(json.dumps(summary, indent=2))
         return result
+
+    def _completed(self, run: Any) -> bool:
+        """Whether `run` finished every step it was asked for."""
+        return bool(run.status == "ok" and run.steps >= self.steps)

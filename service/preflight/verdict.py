@@ -17,6 +17,7 @@ Every threshold can be overridden (the CLI's flags); None turns a check off.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,6 +55,14 @@ def default_thresholds(experiment: Any, plan: Any, params: Any = None) -> Thresh
         sources["min_tokens_per_s"] = (
             f"low end of the estimate's 80 % interval ({e.tokens_per_s:,.0f} predicted; {e.params.interval})"
         )
+        if min_tps >= e.tokens_per_s:  # a set with no out-of-sample residuals (one source, --no-crossval)
+            # would fail a run 0.1 % slow: take the shipped set's interval width around this prediction
+            shipped = estimate(experiment.model, experiment.cluster, plan, experiment.workload)
+            min_tps = e.tokens_per_s * float(shipped.tokens_per_s_interval[0]) / shipped.tokens_per_s
+            sources["min_tokens_per_s"] = (
+                f"{e.tokens_per_s:,.0f} predicted less the shipped set's 80 % interval width (the given "
+                "parameter set has no out-of-sample interval)"
+            )
         sources["max_memory_bytes"] = (
             f"the estimate's memory limit ({experiment.cluster.gpu.name} HBM less headroom)"
         )
@@ -92,10 +101,13 @@ def failures(thresholds: Thresholds, measured: dict[str, Any]) -> list[str]:
 
     `measured`: "error" (the run failed), "tokens_per_s", "peak_memory_bytes", "collectives"
     (a list of {op, scope, bus_gb_per_s, assumed_bus_gb_per_s}), "storage_gb_per_s",
-    "checkpoint_error"."""
+    "checkpoint_error", "final_loss"."""
     out: list[str] = []
     if measured.get("error"):
         out.append(f"run failed: {measured['error']}")
+    loss = measured.get("final_loss")
+    if loss is not None and not math.isfinite(loss):  # a diverged run is no run to launch, however fast
+        out.append(f"loss is {loss}")
     tps = measured.get("tokens_per_s")
     if thresholds.min_tokens_per_s is not None and tps is not None and tps < thresholds.min_tokens_per_s:
         out.append(f"tokens/s {tps:,.0f} < {thresholds.min_tokens_per_s:,.0f}")

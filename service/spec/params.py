@@ -184,7 +184,7 @@ class ModelParams(BaseModel):
             f"80 %: out-of-sample (leave-one-source-out) log residuals q10 {self.residuals.q10:+.3f}, "
             f"q90 {self.residuals.q90:+.3f} over {self.residuals.n} runs, widened outside the fit"
             if self.has_interval
-            else "none: fit without leave-one-source-out (one source, or not asked for)"
+            else "none: fit without leave-one-source-out (one source, or not asked for) or on too few runs"
             if self.fit_runs
             else "none: uncalibrated analytical prior"
         )

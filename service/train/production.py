@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.spec.errors import SpecError
 from service.spec.experiment import ExperimentSpec, load_experiment
+from service.spec.params import ModelParams
 from service.spec.plan import Plan
 from service.train.production_follow import ProductionMlflowRun, StepFollower, step_numbers
 
@@ -47,12 +49,16 @@ STORAGE_ENV = "SERVICE_STORAGE_PATH"
 
 
 def full_scale(experiment: ExperimentSpec) -> ExperimentSpec:
-    """The experiment with its `proxy` section set to the production run itself."""
+    """The experiment with its `proxy` section set to the production run itself: every layer, every GPU,
+    the workload's sequence length and the model's vocabulary (a proxy's shorter ones would be measured,
+    checked for memory and recorded as the production run's)."""
     cluster, model = experiment.cluster, experiment.model
     update: dict[str, Any] = {
         "num_layers": model.num_layers,
         "num_workers": cluster.num_nodes * cluster.gpus_per_node,
         "device": "cpu" if cluster.gpu.name == "cpu" else "cuda",
+        "seq_len": None,
+        "vocab_size": None,
     }
     if "hidden_scale" in type(experiment.proxy).model_fields:
         update["hidden_scale"] = 1
@@ -75,11 +81,12 @@ def trainer_problem(experiment: ExperimentSpec, plan: Plan) -> str | None:
     )
 
 
-def choose_plan(experiment: ExperimentSpec, label: str = "selected") -> Plan:
-    """The planner's selected plan, or the valid plan whose label (`Plan.short()`) is `label`."""
+def choose_plan(experiment: ExperimentSpec, label: str = "selected", params: Any = None) -> Plan:
+    """The planner's selected plan under `params` (None: the shipped set), or the valid plan whose label
+    (`Plan.short()`) is `label`."""
     from service.planner import Planner
 
-    result = Planner(experiment, top_k=0 if label == "selected" else 1_000_000).fit()
+    result = Planner(experiment, top_k=0 if label == "selected" else 1_000_000, params=params).fit()
     if label == "selected":
         if result.selected is None:
             raise SpecError("--plan", f"no plan meets the budget ({result.message}); pick one by label")
@@ -152,6 +159,7 @@ class ProductionRun:
         eval_fraction: float = 0.05,
         eval_every: int | None = None,
         launch: Launch | None = None,
+        params: ModelParams | None = None,
     ):
 
         spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
@@ -162,7 +170,8 @@ class ProductionRun:
                 "script and its fused loss (launch.sh), or set it false",
             )
         self.experiment = full_scale(spec)
-        self.plan = plan if isinstance(plan, Plan) else choose_plan(spec, plan)
+        self.params = params
+        self.plan = plan if isinstance(plan, Plan) else choose_plan(spec, plan, params)
         problem = trainer_problem(spec, self.plan)
         if problem:
             raise SpecError("--plan", f"{self.plan.short()}: {problem}")
@@ -189,6 +198,21 @@ class ProductionRun:
         from service.train.ds_config import production_settings
 
         return production_settings(self.experiment, self.steps)
+
+    def predicted(self) -> dict[str, float]:
+        """The cost model's numbers for this run on the experiment's own cluster, under `params` (the ones
+        the preflight's thresholds come from), as the worker reports them beside its measurements. A
+        proxy's prediction prices one node of proxy workers (service/train/proxy_scale.py)."""
+        from service.costmodel import estimate
+        from service.spec.record import PREDICTED
+        from service.train.proxy_scale import PREDICTED_QUANTITIES, per_rank_metrics
+
+        e = self.experiment
+        try:
+            est = estimate(e.model, e.cluster, self.plan, e.workload, e.budget.memory_headroom, self.params)
+        except SpecError:  # a plan the cost model cannot price still runs; its prediction is NaN
+            return {PREDICTED + q: math.nan for q in PREDICTED_QUANTITIES}
+        return per_rank_metrics(est).prefixed(PREDICTED)
 
     def _check_finetune(self) -> Any:
         """Refuses, in one line and before anything is written, what a fine-tuning run cannot do; returns
@@ -320,6 +344,7 @@ class ProductionRun:
             checkpoint_every=self.checkpoint_every,
             inject_failure_at_step=self.inject_failure_at_step,
             save_final=True,
+            predicted=self.predicted(),
         ).model_copy(update={"finetune": finetune, "ds_settings": self.ds_settings})
         if self.launch is None:
             fit = ray_trainer(

@@ -182,13 +182,25 @@ def read_log(run_dir: str | Path) -> tuple[list[dict[str, Any]], int]:
     path = Path(run_dir) / LOG_FILE
     if not path.exists():
         return [], 0
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = [r for r in map(_record, path.read_text().splitlines()) if r is not None]
     starts = sum(r["event"] == "start" for r in records)
     steps: dict[int, dict[str, Any]] = {}
     for r in records:
         if r["event"] == "step":
             steps[int(r["step"])] = r
     return [steps[k] for k in sorted(steps)], max(starts - 1, 0)
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """One step-log line as its record. A worker killed mid-write leaves a partial line, and the restarted
+    worker's first record lands on the end of it: that record is kept, the partial one dropped."""
+    try:
+        return dict(json.loads(line)) if line.strip() else None
+    except json.JSONDecodeError:
+        at = line.rfind('{"event"')
+        if at > 0:
+            return _record(line[at:])
+        return None
 
 
 def _safe_name(plan: Plan) -> str:

@@ -128,15 +128,13 @@ def test_bad_yaml_row_names_the_row(tmp_path):
 
 
 def test_calibrate_cli_fits_cross_validates_and_writes_a_set_estimate_uses(tmp_path, capsys):
-    rows = [
-        _row(i, f"lab{i % 2}", g, t)
-        for i, (g, t) in enumerate([(8, 4100), (16, 3900), (32, 3800), (64, 3500)])
-    ]
+    measured = [(8, 4100), (16, 3900), (32, 3800), (64, 3500)]
+    rows = [_row(i, f"lab{i % 3}", g, t * (1 + 0.01 * (i % 3))) for i, (g, t) in enumerate(measured * 3)]
     out = tmp_path / "mine.yaml"
     assert main(["calibrate", str(_csv(tmp_path, rows)), "--out", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)  # one JSON document
-    assert set(report["crossval"]["per_source"]) == {"lab0", "lab1"}
-    assert report["params"]["fit_runs"] == 4 and report["written"] == str(out)
+    assert set(report["crossval"]["per_source"]) == {"lab0", "lab1", "lab2"}
+    assert report["params"]["fit_runs"] == 12 and report["written"] == str(out)
     params = load_params(out)
     assert params.name == "runs" and params.has_interval and params.domain.max_gpus == 64
 
@@ -146,7 +144,7 @@ def test_calibrate_cli_fits_cross_validates_and_writes_a_set_estimate_uses(tmp_p
     est = json.loads(capsys.readouterr().out)
     low, high = est["tokens_per_s_interval"]
     assert low <= est["tokens_per_s"] <= high and low < high
-    assert est["params"]["name"] == "runs" and est["params"]["fit_on"] == ["lab0", "lab1"]
+    assert est["params"]["name"] == "runs" and est["params"]["fit_on"] == ["lab0", "lab1", "lab2"]
     # Measured ~3,800 tokens/s per GPU at 32 GPUs; calibrated on these runs the estimate is near it.
     assert est["tokens_per_s_per_gpu"] == pytest.approx(3800, rel=0.15)
 
@@ -177,6 +175,14 @@ def test_one_source_is_fit_without_an_interval_and_says_so(tmp_path, capsys):
     assert main(["plan", str(ROOT / "experiments/llama2-13b-32xh100.yaml"), "--params", str(out)]) == 0
     text = capsys.readouterr().out
     assert "(no interval;" in text and "h (no interval), $" in text  # not a zero-width "80 % interval"
+
+
+def test_memory_parameters_cannot_be_fit_on_a_runs_file(tmp_path, capsys):
+    rows = [_row(i, f"lab{i % 2}", g, t) for i, (g, t) in enumerate([(8, 4100), (16, 3900)])]
+    for fit in ("activation_memory_scale", "gemm_efficiency_scale,activation_memory_scale"):
+        assert main(["calibrate", str(_csv(tmp_path, rows)), "--fit", fit]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("error: --fit: activation_memory_scale")
 
 
 def test_calibrate_cli_bad_file_is_one_line(tmp_path, capsys):

@@ -133,3 +133,17 @@ def test_another_launcher_gets_every_worker_config_and_a_failure_is_classified(t
     assert config.run_dir == str(tmp_path / "local") and (tmp_path / "local").is_dir()
     # an injected failure: a checkpoint every step and one restart, as under Ray Train
     assert injected.inject_failure_at_step == 2 and injected.checkpoint_every == 1 and one == 1
+
+
+def test_a_step_log_line_cut_by_a_killed_worker_is_dropped_and_the_next_record_kept(tmp_path):
+    from service.train.proxy_trial import LOG_FILE
+
+    step = lambda n: json.dumps({"event": "step", "step": n, "loss": 6.0, "time": 0.0, "metrics": {}})  # noqa: E731
+    start = json.dumps({"event": "start", "step": 1, "time": 0.0, "phases": {}})
+    # rank 0 died writing step 2; the restarted worker appended its start record to the cut line
+    (tmp_path / LOG_FILE).write_text(
+        json.dumps({"event": "start", "step": 0, "time": 0.0, "phases": {}}) + "\n"
+        + step(1) + "\n" + step(2)[:25] + start + "\n" + step(2) + "\n"
+    )  # fmt: skip
+    records, restarts = read_log(tmp_path)
+    assert [r["step"] for r in records] == [1, 2] and restarts == 1
