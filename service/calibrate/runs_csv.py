@@ -2,7 +2,12 @@
 source, model, gpu, num_gpus, gpus_per_node, dp, tp, pp, zero_stage, micro_batch, grad_accum,
 global_batch, seq_len, recompute and one of tokens_per_s_per_gpu / step_time_s, as a spreadsheet writes
 them (a byte-order mark, spaces after the commas, trailing empty cells). A cell that cannot be read is a
-one-line `SpecError` naming the file, the row and the column."""
+one-line `SpecError` naming the file, the row and the column.
+
+How a source's kernels ran (`SOURCE_FLAGS`: flash_attention, cudnn_attention, fused_elementwise,
+fused_cross_entropy; yes/no columns, the same on every row of a source) defaults to what `estimate` and
+`plan` assume for a run today (`Workload`'s defaults), so a set fit on the user's runs predicts those
+same runs as they were measured."""
 
 from __future__ import annotations
 
@@ -16,6 +21,12 @@ CSV_INT_FIELDS: tuple[str, ...] = ("num_gpus", "gpus_per_node", "dp", "tp", "pp"
 CSV_INT_FIELDS += ("micro_batch", "grad_accum", "global_batch", "seq_len")
 CSV_TRUE: tuple[str, ...] = ("1", "true", "yes")
 CSV_FALSE: tuple[str, ...] = ("0", "false", "no")
+SOURCE_FLAGS: tuple[str, ...] = (
+    "flash_attention",
+    "cudnn_attention",
+    "fused_elementwise",
+    "fused_cross_entropy",
+)
 
 
 def csv_dataset(path: Path) -> dict[str, Any]:
@@ -45,7 +56,7 @@ def csv_dataset(path: Path) -> dict[str, Any]:
                 except ValueError:
                     message = f"not an integer: {row[k]!r} (line {i + 2})"
                     raise SpecError(f"measurements.{i}.{k}", message, str(path)) from None
-        for k in ("sequence_parallel", "comm_overlap", "tp_comm_overlap", "approximate"):
+        for k in ("sequence_parallel", "comm_overlap", "tp_comm_overlap", "approximate", *SOURCE_FLAGS):
             if k in row:
                 flag = row[k].lower()
                 if flag not in CSV_TRUE + CSV_FALSE:
@@ -55,7 +66,23 @@ def csv_dataset(path: Path) -> dict[str, Any]:
                 row[k] = flag in CSV_TRUE
         row.setdefault("ref", f"{path.name} row {i + 2}")
         measurements.append({**row, "measured": measured})
-    sources = {
-        str(m.get("source", "")): {"citation": str(path), "framework": "", "metric": ""} for m in measurements
-    }
-    return {"sources": sources, "models": {}, "measurements": measurements}
+    return {"sources": _sources(measurements, path), "models": {}, "measurements": measurements}
+
+
+def _sources(measurements: list[dict[str, Any]], path: Path) -> dict[str, dict[str, Any]]:
+    """One source entry per distinct `source`, with its kernels (`SOURCE_FLAGS`, popped from its rows)."""
+    from service.spec.workload import Workload
+
+    defaults = {k: Workload.model_fields[k].default for k in SOURCE_FLAGS}
+    sources: dict[str, dict[str, Any]] = {}
+    for i, m in enumerate(measurements):
+        flags = {k: m.pop(k) for k in SOURCE_FLAGS if k in m}
+        name = str(m.get("source", ""))
+        entry = sources.setdefault(
+            name, {"citation": str(path), "framework": "", "metric": "", **defaults, **flags}
+        )
+        for k, v in flags.items():
+            if entry[k] != v:
+                message = f"{v} on line {i + 2}, {entry[k]} on an earlier row of source {name!r}"
+                raise SpecError(f"measurements.{i}.{k}", message, str(path))
+    return sources

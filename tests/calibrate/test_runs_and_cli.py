@@ -264,3 +264,23 @@ def test_a_spreadsheets_spaced_header_and_yes_no_cells(tmp_path):
         with pytest.raises(SpecError) as err:
             load_runs(path)
         assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_csv_runs_kernels_default_to_what_estimate_assumes_and_can_be_stated(tmp_path):
+    from service.spec.workload import Workload
+
+    rows = [_row(i, "lab0", g, t) for i, (g, t) in enumerate([(8, 4100), (16, 3900)])]
+    (default,) = {r.workload.cudnn_attention for r in load_runs(_csv(tmp_path, rows))}
+    assert default is Workload.model_fields["cudnn_attention"].default is True
+    path = tmp_path / "stated.csv"
+    path.write_text(
+        CSV_HEADER.rstrip("\n") + ",cudnn_attention,fused_elementwise\n"
+        + "\n".join(f"{r},no,yes" for r in rows) + "\n"
+    )  # fmt: skip
+    runs = load_runs(path)
+    assert {(r.workload.cudnn_attention, r.workload.fused_elementwise) for r in runs} == {(False, True)}
+    path.write_text(CSV_HEADER.rstrip("\n") + ",cudnn_attention\n" + f"{rows[0]},no\n{rows[1]},yes\n")
+    with pytest.raises(
+        SpecError, match=r"measurements\.1\.cudnn_attention: True on line 3, False on an earlier"
+    ):
+        load_runs(path)
