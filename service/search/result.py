@@ -28,6 +28,9 @@ UNSCHEDULABLE = "unschedulable"
 # A worker process died without an error of its own (a signal, a crash, a node lost): the trial failed,
 # but says nothing about whether the plan fits (service.train.proxy_trial.classify_failure).
 KILLED = "killed"
+# Trials whose end says nothing about their plan: a lost worker or node (killed), a cluster that never
+# placed the workers (unschedulable). They neither use up the patience nor teach the searcher a value.
+NO_VERDICT = (KILLED, UNSCHEDULABLE)
 ERRORS = (*INFEASIBLE, KILLED)  # trials that ran and failed: `num_errors`, `errors`
 
 

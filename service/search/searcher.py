@@ -22,6 +22,8 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from service.search.result import NO_VERDICT
+
 _MAX_ASKS = 64
 
 
@@ -88,7 +90,7 @@ class PlanSearcher(Searcher):
         if key is None:
             return
         status = (result or {}).get("trial_status", "ok")
-        if not error and status == "killed":  # a worker died: no verdict on the plan, not a penalty
+        if not error and status in NO_VERDICT:  # the plan did not run to a verdict: not a penalty
             inner_id = self._inner_ids.get(trial_id)
             if self._inner is not None and inner_id is not None:
                 self._inner.on_trial_complete(inner_id, None, error=True)  # TPE leaves it out

@@ -292,6 +292,23 @@ class SearchSpace(BaseModel):
             raise ValueError(f"empty space: {empty[0]} has no values")
         return params
 
+    @field_validator("constraints")
+    @classmethod
+    def _rules_can_match(cls, constraints: Constraints, info: ValidationInfo) -> Constraints:
+        """An exclude rule on a field not searched, or on a value not among its values, matches nothing:
+        refused, as a typo'd stage (2 for 3) would otherwise run the plans it meant to exclude."""
+        params = info.data.get("params")
+        if params is None:  # params itself was refused
+            return constraints
+        varied = params.varied()
+        for i, rule in enumerate(constraints.exclude):
+            for k, v in rule.model_dump(exclude_none=True).items():
+                if k not in varied:
+                    raise ValueError(f"exclude[{i}]: {k} is not searched (not in params): it never matches")
+                if v not in varied[k]:
+                    raise ValueError(f"exclude[{i}]: {k} {v!r} is not among params.{k} {varied[k]}")
+        return constraints
+
     @model_validator(mode="before")
     @classmethod
     def _settings_at_top_level(cls, data: Any) -> Any:

@@ -16,6 +16,7 @@ from ray.tune import Callback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.stopper import Stopper
 
+from service.search.result import NO_VERDICT
 from service.search.space import AshaSettings
 
 
@@ -63,6 +64,8 @@ class NoImprovementStop(Stopper, Callback):
             return
         self.ended.add(trial_id)
         value = self._last.get(trial_id)
+        if self._status.get(trial_id) in NO_VERDICT:  # the plan did not run: no trial without improvement
+            return
         if self._status.get(trial_id) == "ok" and value is not None and self._better(value):
             self.best, self.since_best = value, 0
         else:

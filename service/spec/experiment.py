@@ -157,11 +157,34 @@ def read_text(path: str | Path, field: str = "path", kind: str = "file") -> str:
         ) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the last one, so
+    `zero_stage: [0, 1, 3]` followed by `zero_stage: [3]` would search one stage without a word."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: construct_mapping says so itself
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Reads a YAML file; a missing, unreadable, non-UTF-8 or malformed file is a `SpecError` naming it."""
+    """Reads a YAML file; a missing, unreadable, non-UTF-8 or malformed file, or one that gives a key twice
+    in a mapping, is a `SpecError` naming it."""
     text = read_text(path, kind="YAML file")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: builds no Python objects
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "(file)"

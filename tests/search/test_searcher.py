@@ -84,6 +84,14 @@ def test_infeasible_trials_score_the_penalty() -> None:
     assert searcher._values[keys[0]] == pytest.approx(objective(BY_KEY[keys[0]]))
 
 
+@pytest.mark.parametrize("algorithm", ["grid", "bayes"])
+def test_a_plan_the_cluster_never_placed_scores_nothing(algorithm: str) -> None:
+    searcher = PlanSearcher(CANDIDATES, FIELDS, algorithm, "tokens_per_s", "max")
+    key = searcher.suggest("t0")["plan"]
+    searcher.on_trial_complete("t0", {"trial_status": "unschedulable", "done": 1.0})
+    assert key not in searcher._values  # not a measured 0 tokens/s
+
+
 def test_save_and_restore_keep_what_was_launched(tmp_path: Path) -> None:
     searcher = PlanSearcher(CANDIDATES, FIELDS, "bayes", "tokens_per_s", "max", seed=0)
     first = drive(searcher, 3)

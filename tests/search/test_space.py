@@ -81,6 +81,26 @@ def test_constraints_exclude_and_batch_limits() -> None:
     assert c.violation({"zero_stage": 1, "micro_batch": 4}, 4) is None
 
 
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (
+            {"zero_stage": 2, "micro_batch": 4},
+            r"exclude\[0\]: zero_stage 2 is not among params.zero_stage \[1, 3\]",
+        ),
+        (
+            {"recompute": "full"},
+            r"exclude\[0\]: recompute is not searched \(not in params\): it never matches",
+        ),
+    ],
+)
+def test_an_exclude_rule_that_can_never_match_is_refused(rule: dict, message: str) -> None:
+    data = {"params": {"zero_stage": [1, 3], "micro_batch": [1, 4]}, "constraints": {"exclude": [rule]}}
+    with pytest.raises(SpecError, match=message) as err:
+        space_from_dict(data)
+    assert err.value.field == "constraints"
+
+
 def test_yaml_name_defaults_to_the_file_stem(tmp_path: Path) -> None:
     path = tmp_path / "mine.yaml"
     path.write_text("params: {micro_batch: [1, 2]}\n")

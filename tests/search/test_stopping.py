@@ -32,6 +32,16 @@ def test_stops_after_patience_trials_without_a_new_best() -> None:
     assert stop.stop_all() and stop.since_best == 2
 
 
+@pytest.mark.parametrize("status", ["unschedulable", "killed"])
+def test_a_trial_that_never_reached_a_verdict_uses_no_patience(status: str) -> None:
+    stop = NoImprovementStop("tokens_per_s", "max", patience=1)
+    end(stop, "a", 100.0)
+    end(stop, "b", None, status=status)  # the cluster never placed it, or lost its node
+    assert stop.since_best == 0 and not stop.stop_all()
+    end(stop, "c", 90.0)
+    assert stop.stop_all()
+
+
 def test_a_trial_stopped_early_cannot_be_the_best_and_ends_count_once() -> None:
     stop = NoImprovementStop("step_time_s", "min", patience=3)
     end(stop, "a", 2.0)

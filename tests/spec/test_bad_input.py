@@ -169,6 +169,10 @@ def test_unreadable_files(tmp_path):
     assert err.field.startswith("line ") and "not valid YAML" in err.message
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     assert error_of(tmp_path / "list.yaml").message == "expected a mapping of experiment fields"
+    # a key given twice: YAML would keep the last silently (a search space searching one stage of three)
+    (tmp_path / "twice.yaml").write_text("name: x\nproxy:\n  steps: 5\n  num_layers: 2\n  steps: 3\n")
+    err = error_of(tmp_path / "twice.yaml")
+    assert err.field == "line 5" and err.message == "not valid YAML: duplicate key 'steps'"
 
 
 def test_catalog_lookups_list_what_exists():
