@@ -4,13 +4,15 @@
 Runs a search on the local Ray (or RAY_ADDRESS) with a progress bar on stderr, records it in MLflow,
 prints the trials, the selected plan, the pruned plans and the MLflow run (or, with --json, one JSON
 document on stdout: best, trials, pruned, mlflow_run_id). Exit 0 when a plan was selected, 1 when no
-trial ran to the end, 2 for bad input (one line). Searches are kept in $SERVICE_SEARCH_DIR (default
-<repo>/ray_results/search); the folder a search prints is what --resume takes.
+trial ran to the end, 2 for bad input (one line), 130 when it was stopped (Ctrl-C; --resume goes on).
+Searches are kept in $SERVICE_SEARCH_DIR (default <repo>/ray_results/search); the folder a search prints
+is what --resume takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from service.cli.args import finite_float
@@ -119,4 +121,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.to_dict(), default=str)
     else:
         print(_report(result))
+    if result.interrupted:  # as a shell reports a command stopped by Ctrl-C
+        print(f"error: {result.stopped_reason}", file=sys.stderr)
+        return 130
     return 0 if result.best is not None else 1

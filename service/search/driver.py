@@ -346,7 +346,18 @@ class Search:
         )
 
     def _collect(self, grid: Any, pr: PruneResult) -> SearchResult:
-        trials = collect_trials(grid, pr, self.steps, self.path)
+        from service.search.result import INTERRUPTED
+        from service.search.state import unfinished_trials
+
+        # Tune returns from a Ctrl-C as from a finished search; its state says which trials still ran.
+        stopped = unfinished_trials(self.path)
+        again = f"`python -m service search --resume {self.path}` continues it"
+        why = {"status": INTERRUPTED, "reason": f"the search was stopped as it ran; {again}"}
+        trials = [
+            t.model_copy(update=why) if t.trial_id in stopped else t
+            for t in collect_trials(grid, pr, self.steps, self.path)
+        ]
+        reason = f"interrupted: {again}" if stopped else self._stopped_reason(len(trials), pr)
         return SearchResult(
             self.space.metric,
             self.space.direction,
@@ -354,7 +365,7 @@ class Search:
             pr.pruned,
             None,
             str(self.path),
-            stopped_reason=self._stopped_reason(len(trials), pr),
+            stopped_reason=reason,
         )
 
     def _stopped_reason(self, ran: int, pr: PruneResult) -> str:

@@ -35,6 +35,7 @@ MAX_PRUNED_RUNS = 200
 # unschedulable trial never ran: the search stopped waiting for it, as it stops an ASHA trial (KILLED),
 # and its `trial_status` tag says which; FAILED would read as a crash of the plan.
 _STATUS_TO_RUN = {"ok": "FINISHED", "stopped_early": "KILLED", "unschedulable": "KILLED"}
+_STATUS_TO_RUN["interrupted"] = "KILLED"  # the search's driver was stopped while the trial ran
 
 
 def parent_key(search_id: str) -> str:
@@ -123,7 +124,13 @@ def finish_search(target: TrackingTarget, search_id: str, result: SearchResult) 
         "num_unschedulable": result.num_unschedulable,
         "num_pruned": len(result.pruned),
     }
-    tags = {"search_status": "finished", "stopped_reason": result.stopped_reason or "all planned trials ran"}
+    status = "interrupted" if result.interrupted else "finished"
+    tags = {"search_status": status, "stopped_reason": result.stopped_reason or "all planned trials ran"}
+    for t in result.trials:  # Tune stopped them without a trial callback: their runs would stay RUNNING
+        if t.status == "interrupted":
+            child = trial_key(search_id, t.trial_id)
+            tracker.log_batch(child, tags={"trial_status": t.status, "trial_reason": t.reason[:4000]})
+            tracker.end_run(child, "KILLED")
     if best is not None:
         metrics[f"best_{result.metric}"] = best.measured[result.metric]
         tags.update(selected_plan=best.key, selected_trial=best.trial_id)
@@ -141,7 +148,7 @@ def finish_search(target: TrackingTarget, search_id: str, result: SearchResult) 
     with tempfile.TemporaryDirectory(prefix="search-plots-") as tmp:
         for png in search_plots(rows, Path(tmp)):
             tracker.log_artifact(key, png, "plots")
-    tracker.end_run(key, "FINISHED")
+    tracker.end_run(key, "KILLED" if result.interrupted else "FINISHED")
 
 
 class TrialRecorder(Callback):

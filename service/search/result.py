@@ -30,7 +30,9 @@ UNSCHEDULABLE = "unschedulable"
 KILLED = "killed"
 # Trials whose end says nothing about their plan: a lost worker or node (killed), a cluster that never
 # placed the workers (unschedulable). They neither use up the patience nor teach the searcher a value.
-NO_VERDICT = (KILLED, UNSCHEDULABLE)
+# The search's driver was stopped (Ctrl-C, SIGINT) while the trial ran: `--resume` runs it again.
+INTERRUPTED = "interrupted"
+NO_VERDICT = (KILLED, UNSCHEDULABLE, INTERRUPTED)
 ERRORS = (*INFEASIBLE, KILLED)  # trials that ran and failed: `num_errors`, `errors`
 
 
@@ -50,7 +52,7 @@ class TrialRecord(BaseModel):
     trial_id: str
     key: str
     plan: Plan
-    status: str  # ok | stopped_early | oom | killed | failed | invalid | hang | unschedulable
+    status: str  # ok | stopped_early | oom | killed | failed | invalid | hang | unschedulable | interrupted
     reason: str = ""
     steps: int = 0
     measured: Metrics = Metrics()  # the last step's report
@@ -190,6 +192,11 @@ class SearchResult:
         # read-only mapping proxy is not, so the fields go by value and are wrapped again on load.
         fields = (self.metric, self.mode, self.trials, self.pruned, self.mlflow_run_id, self.path)
         return type(self), (*fields, dict(self.tracking), self.stopped_reason, self.copied_to)
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the search's driver was stopped before the search ended (see `INTERRUPTED`)."""
+        return any(t.status == INTERRUPTED for t in self.trials)
 
     @property
     def best(self) -> TrialRecord | None:

@@ -35,6 +35,27 @@ def tune_state_problem(folder: Path) -> str | None:
     return None
 
 
+def unfinished_trials(folder: Path) -> set[str]:
+    """Trials Tune's newest saved state in `folder` has running, pending or paused. Tune saves it one last
+    time when its loop ends and only then stops what still runs (marking it TERMINATED in memory, with no
+    trial callback): after a finished search every trial there is TERMINATED or ERROR; after a Ctrl-C the
+    ones that were running are not."""
+    states = sorted(folder.glob("experiment_state-*.json"))
+    if not states:
+        return set()
+    try:
+        data = json.loads(states[-1].read_text())
+    except (OSError, ValueError):
+        return set()
+    out = set()
+    for entry in data.get("trial_data", []):
+        trial = entry[0] if isinstance(entry, list) else entry
+        trial = json.loads(trial) if isinstance(trial, str) else trial
+        if isinstance(trial, dict) and trial.get("status") in ("RUNNING", "PENDING", "PAUSED"):
+            out.add(str(trial.get("relative_logdir") or trial.get("trial_id")))
+    return out
+
+
 def invalid_state(folder: Path, why: str) -> SpecError:
     """The one-line error for a state file that is there but cannot be read as a search."""
     return SpecError("resume", f"{folder / STATE_FILE} is not a valid search state: {why}")
