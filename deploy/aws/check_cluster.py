@@ -146,6 +146,27 @@ def _network(path: Path, config: dict[str, Any]) -> str:
     return reason
 
 
+def _token(config: dict[str, Any]) -> None:
+    """The token `file_mounts` copies to every node exists here and only its owner can read it: Ray's
+    `get-auth-token --generate` writes it world-readable, and the copy (rsync -a) keeps the mode on each
+    node. Whoever holds it can submit jobs: run any code on the cluster."""
+    import os
+    import stat
+
+    mounts = config.get("file_mounts") or {}
+    source = next((v for k, v in mounts.items() if str(k).endswith(".ray/auth_token")), None)
+    if source is None:
+        return
+    local = Path(os.path.expanduser(str(source)))
+    if not local.is_file():
+        raise Unready(f"file_mounts copies {source}, which does not exist: run "
+                      "`(umask 077; ray get-auth-token --generate >/dev/null)`")  # fmt: skip
+    mode = stat.S_IMODE(local.stat().st_mode)
+    if mode & 0o077:
+        raise Unready(f"{source} is readable by other users (mode {mode:04o}), and file_mounts copies it "
+                      f"with that mode to every node: chmod 600 {source}")  # fmt: skip
+
+
 def check(path: Path) -> str:
     """The one-line verdict on `path`; raises `Unready` with the first problem."""
     try:
@@ -158,6 +179,7 @@ def check(path: Path) -> str:
     edit = _edits(config)
     region = _consistent(config, edit)
     network = _network(path, config)
+    _token(config)
     values = ", ".join([region, edit["subnet"], edit["security_group"], edit["efs"]])
     return f"ready for `ray up`: {values}; {network}"
 

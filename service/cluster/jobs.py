@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -42,6 +43,8 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 NO_AGENT_YET = "No available agent to submit job"
 AGENT_WAIT_S = 60.0
 AGENT_RETRY_INTERVAL_S = 2.0
+LOST_API_S = 60.0  # how long a job API that stops answering is asked again
+LOG_BYTES_PER_S = 1e6  # the average rate at which the (whole) log may be fetched again
 
 
 @dataclass
@@ -85,12 +88,21 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def check_files(entrypoint: Sequence[str], working_dir: Path) -> None:
-    """Every YAML the command names exists (relative to the working dir, as the job will see it)."""
-    for arg in entrypoint:
-        if arg.endswith((".yaml", ".yml")):
-            path = Path(arg) if Path(arg).is_absolute() else working_dir / arg
-            if not path.is_file():
-                raise SpecError("entrypoint", f"{arg}: no such file (in {working_dir})")
+    """Every YAML the command names (`X.yaml` or `--opt=X.yaml`) is a file inside the working dir: the job
+    runs in a copy of that folder on the cluster, so an absolute path or one that leaves it names what
+    the cluster does not have."""
+    for token in entrypoint:
+        arg = token.split("=", 1)[1] if token.startswith("-") and "=" in token else token
+        if not arg.endswith((".yaml", ".yml")):
+            continue
+        if Path(arg).is_absolute():
+            raise SpecError("entrypoint", f"{arg}: an absolute path; name it relative to {working_dir}, the "
+                            "folder the job's copy is made of")  # fmt: skip
+        path = (working_dir / arg).resolve()
+        if not path.is_relative_to(working_dir):
+            raise SpecError("entrypoint", f"{arg}: outside {working_dir}, the only folder the job gets")
+        if not path.is_file():
+            raise SpecError("entrypoint", f"{arg}: no such file (in {working_dir})")
 
 
 def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -101,6 +113,13 @@ def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
     out = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     out.update(env or {})
     uri = out.get("MLFLOW_TRACKING_URI", "")
+    if urllib.parse.urlsplit(uri).password:  # Ray writes a job's env vars to its logs and `ray job list`
+        raise SpecError(
+            "MLFLOW_TRACKING_URI",
+            "holds a password, which Ray would write to the head's logs and show in `ray job list`; give "
+            "the URI without it and keep the password on the head (PGPASSWORD, ~/.pgpass), or use the "
+            "http:// URL of `python -m service mlflow-server`",
+        )
     if uri.startswith("sqlite:") and not uri.startswith("sqlite:////"):
         raise SpecError(
             "MLFLOW_TRACKING_URI",
@@ -152,18 +171,38 @@ def submit_job(
             raise SpecError("--address", f"the job API at {address} refused the job: {first}") from None
 
 
+class JobApiLost(Exception):
+    """The job API stopped answering for `LOST_API_S` while the job ran (a `ray dashboard` tunnel that
+    died, a restarted head): the job itself may still be running."""
+
+
 def wait_for_job(
     job: Job,
     timeout_s: float | None = None,
     on_output: Callable[[str], None] | None = None,
     poll_s: float = 1.0,
 ) -> JobOutcome:
-    """Polls until the job ends (or `timeout_s` passes: then it is stopped); passes new log text on."""
+    """Polls until the job ends (or `timeout_s` passes: then it is stopped); passes new log text on.
+
+    The job API returns the whole log each time, so it is fetched less often as it grows (at most
+    `LOG_BYTES_PER_S` on average: a multi-day job's log is not re-sent every second). A job API that
+    stops answering is asked again for `LOST_API_S`, then `JobApiLost`."""
     started = time.monotonic()
-    shown = 0
+    shown, logs, next_logs, failing_since = 0, "", started, None
     while True:
-        status = str(job.client.get_job_status(job.job_id).value)
-        logs = job.client.get_job_logs(job.job_id)
+        try:
+            status = str(job.client.get_job_status(job.job_id).value)
+            if status in TERMINAL or time.monotonic() >= next_logs:
+                logs = job.client.get_job_logs(job.job_id)
+                next_logs = time.monotonic() + max(poll_s, len(logs) / LOG_BYTES_PER_S)
+            failing_since = None
+        except Exception as err:  # requests' connection errors, Ray's RuntimeError for an HTTP error
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > LOST_API_S:
+                first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+                raise JobApiLost(first) from None
+            time.sleep(poll_s)
+            continue
         if on_output and len(logs) > shown:
             on_output(logs[shown:])
             shown = len(logs)
@@ -173,3 +212,17 @@ def wait_for_job(
             job.client.stop_job(job.job_id)
             return JobOutcome(job.job_id, "TIMEOUT", logs, time.monotonic() - started)
         time.sleep(poll_s)
+
+
+def last_json_document(logs: str) -> Any:
+    """The last JSON document a job printed (a `service ... --json` command's answer), or None: its log
+    mixes Ray's own lines and the job's stderr with it."""
+    lines = logs.splitlines()
+    decoder = json.JSONDecoder()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith(("{", "[")):
+            try:
+                return decoder.raw_decode("\n".join(lines[i:]))[0]
+            except ValueError:
+                continue
+    return None

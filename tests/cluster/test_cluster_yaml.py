@@ -237,12 +237,21 @@ FILLED = {"subnet-REPLACE_ME": "subnet-0123456789abcdef0", "sg-REPLACE_ME": "sg-
           "fs-REPLACE_ME": "fs-0123456789abcdef0", "REPLACE_ME.dkr": "123456789012.dkr"}  # fmt: skip
 
 
-def _check(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
-    """Runs deploy/aws/check_cluster.py on `text` as a cluster file."""
+def _check(tmp_path: Path, text: str, token_mode: int | None = 0o600) -> subprocess.CompletedProcess[str]:
+    """Runs deploy/aws/check_cluster.py on `text` as a cluster file, for a user whose ~/.ray/auth_token has
+    `token_mode` (None: no token)."""
     path = tmp_path / "ray_cluster.yaml"
     path.write_text(text)
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True, exist_ok=True)
+    token = home / ".ray" / "auth_token"
+    token.unlink(missing_ok=True)
+    if token_mode is not None:
+        token.write_text("0123456789abcdef")
+        token.chmod(token_mode)
+    env = {**os.environ, "HOME": str(home)}
     return subprocess.run([sys.executable, str(ROOT / "deploy/aws/check_cluster.py"), str(path)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)  # fmt: skip
 
 
 def _filled(changes: dict[str, str] | None = None) -> str:
@@ -269,6 +278,15 @@ def test_check_passes_a_filled_in_file(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ray_cluster.yaml: ready for `ray up`: us-east-1, subnet-0123456789abcdef0")
     assert "32 EFA interfaces × 100 Gb/s = 3,200 Gb/s per node, in placement group ray-planner" in proc.stdout
+
+
+def test_check_refuses_a_token_others_can_read_or_none(tmp_path: Path):
+    proc = _check(tmp_path, _filled(), token_mode=0o644)  # as `ray get-auth-token --generate` writes it
+    assert proc.returncode == 2
+    assert "~/.ray/auth_token is readable by other users (mode 0644)" in proc.stderr
+    assert "chmod 600 ~/.ray/auth_token" in proc.stderr
+    proc = _check(tmp_path, _filled(), token_mode=None)
+    assert proc.returncode == 2 and "which does not exist: run `(umask 077;" in proc.stderr
 
 
 @pytest.mark.parametrize(
