@@ -144,6 +144,12 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--port", f"must be 1-65535, got {args.port}")
     store = store_uri(args.backend_store_uri)
     check_driver(store)
+    from service.tracking.server import check_port_free
+
+    try:
+        check_port_free(args.host, args.port)
+    except RuntimeError as err:  # another server there would answer the new one's health check
+        raise SpecError("--port", str(err)) from None
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     artifacts = args.artifacts_destination if args.serve_artifacts else None
     failed_starts, first = 0, True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,17 +23,45 @@ from service.tracking.uri import default_uri, repo_root
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Until `proc`'s server answers; an answer counts only while `proc` still runs (another server on
+    the port would answer for a process that has already died)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"mlflow server exited with code {proc.returncode}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
+                if r.status == 200 and proc.poll() is None:
                     return
         except OSError:
             time.sleep(0.5)
     raise TimeoutError(f"mlflow server at {url} did not answer within {timeout_s:.0f} s")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A RuntimeError when something already listens on host:port: the server would fail to bind while
+    the one already there answered its health check in its place."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a server that just stopped is no owner
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise RuntimeError(f"port {port} on {host} is taken ({err.strerror or err}): stop what listens "
+                               "there, or give another --port") from None  # fmt: skip
+
+
+def server_url(host: str, port: int) -> str:
+    """The server's URL; an IPv6 address in brackets (RFC 3986), as MLflow's client requires."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _stderr() -> int:
+    """This process's stderr as a file descriptor for the server's output (DEVNULL where it has none)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured or replaced stream
+        return subprocess.DEVNULL
 
 
 @contextmanager
@@ -66,9 +95,11 @@ def mlflow_server_process(
     host: str = "127.0.0.1",
     serve_artifacts: bool = True,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """`mlflow_server`, yielding the server's process too (a supervisor waits on it)."""
+    """`mlflow_server`, yielding the server's process too (a supervisor waits on it). `log_path` None: the
+    server's output goes to this process's stderr (the reason it fails to start is there)."""
     port = port or free_port()
-    url = f"http://{host}:{port}"
+    check_port_free(host, port)
+    url = server_url(host, port)
     cmd = [
         sys.executable,
         "-m",
@@ -84,7 +115,7 @@ def mlflow_server_process(
     cmd.append("--serve-artifacts" if serve_artifacts else "--no-serve-artifacts")
     if artifacts_destination is not None and serve_artifacts:
         cmd += ["--artifacts-destination", str(artifacts_destination)]
-    log = open(log_path, "w") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    log = open(log_path, "w") if log_path else _stderr()  # noqa: SIM115 - closed below
     # MLflow 3's server also starts a job runner (scheduled scoring, trace archival) on the same store;
     # we use none of it, and with it and a sqlite store, searches run as jobs were seen to stall for minutes.
     # The store reaches the server through its environment (`mlflow server` reads

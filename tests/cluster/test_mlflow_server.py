@@ -105,3 +105,34 @@ def test_a_server_that_dies_is_started_again_on_the_same_port(tmp_path: Path):
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(timeout=60)
     assert rc == 0 and not _listening(port)
+
+
+def test_a_taken_port_is_refused_in_one_line_not_reported_as_this_server():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "service", "mlflow-server", "--port", str(port)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""  # no "export MLFLOW_TRACKING_URI=" for another server
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --port: port {port} on 127.0.0.1 is taken (Address already in use): stop what listens "
+        "there, or give another --port"
+    ]
+
+
+def test_why_the_server_did_not_start_reaches_stderr(tmp_path: Path):
+    (tmp_path / "a-file").write_text("")
+    store = f"sqlite:///{tmp_path / 'a-file' / 'mlflow.db'}"  # its folder cannot be made
+    proc = subprocess.run([sys.executable, "-m", "service", "mlflow-server", "--port", str(free_port()),
+                           "--no-restart", "--backend-store-uri", store],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "Error initializing" in proc.stderr  # the server's own reason
+    assert proc.stderr.strip().splitlines()[-1] == "error: mlflow server: mlflow server exited with code 1"
+
+
+def test_an_ipv6_host_is_bracketed_in_the_url():
+    from service.tracking.server import server_url
+
+    assert server_url("::1", 5000) == "http://[::1]:5000"
+    assert server_url("127.0.0.1", 5000) == "http://127.0.0.1:5000"
