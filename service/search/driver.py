@@ -209,6 +209,14 @@ class Search:
         from service.search import recording
 
         pr = self.pruning()
+        if not self._restored and (self.path / STATE_FILE).exists():
+            # A second search under one name would write over the first one's state and Tune's, and record
+            # its trials under the first one's MLflow run (same key), contradicting its counts.
+            raise SpecError(
+                "name",
+                f"a search named {self.name!r} is already in {self.path}: continue it with "
+                "`Search.restore(path)` (`search --resume PATH`), or give another name",
+            )
         if not self._restored:
             (self.path / STATE_FILE).write_text(json.dumps(self._state(), indent=1))
         recording.start_search(self.target, self.name, self._run_info(pr), self._documents())

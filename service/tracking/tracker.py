@@ -51,6 +51,7 @@ class Tracker:
         self.pending = PendingRecords(target.buffer_file)
         self._ids_file = target.buffer_file.with_suffix(".runs.json")
         self._run_ids: dict[str, str] = _read_json(self._ids_file)
+        self._confirmed: set[str] = set()  # ids of the map this store has answered for
         self._client: Any = None
         self._experiment_ids: dict[str, str] = {}
         self._online = False
@@ -240,7 +241,7 @@ class Tracker:
         if kind == "start_run":
             self._apply_start(op)
             return
-        run_id = self._run_ids.get(op["key"]) or self._find_run(op["key"])
+        run_id = self._known_run(op["key"])
         if run_id is None:
             raise KeyError(f"no run was started for key {op['key']!r}")
         if kind == "log_batch":
@@ -254,13 +255,13 @@ class Tracker:
 
     def _apply_start(self, op: dict[str, Any]) -> None:
         key = op["key"]
-        run_id = self._run_ids.get(key) or self._find_run(key)
+        run_id = self._known_run(key)
         if run_id is not None:
             self._client.update_run(run_id, status="RUNNING")
         else:
             tags = {**op["tags"], KEY_TAG: key}
             if op.get("parent_key"):
-                parent_id = self._run_ids.get(op["parent_key"]) or self._find_run(op["parent_key"])
+                parent_id = self._known_run(op["parent_key"])
                 if parent_id is None:
                     raise KeyError(f"parent run {op['parent_key']!r} does not exist")
                 tags[PARENT_TAG] = parent_id
@@ -277,6 +278,22 @@ class Tracker:
         tags = [RunTag(k, v) for k, v in op.get("tags", {}).items()]
         self._client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
 
+    def _known_run(self, key: str) -> str | None:
+        """The run of `key`: the id map's, once the store confirms it has that run (a store reset or
+        replaced under the same URI does not: the key is then looked up, or its run made again), else
+        the store's run tagged with it."""
+        run_id = self._run_ids.get(key)
+        if run_id is not None and run_id not in self._confirmed:
+            try:
+                self._client.get_run(run_id)
+                self._confirmed.add(run_id)
+            except Exception as err:  # MlflowException RESOURCE_DOES_NOT_EXIST: the store lost it
+                if "RESOURCE_DOES_NOT_EXIST" not in str(getattr(err, "error_code", "")) + str(err):
+                    raise
+                del self._run_ids[key]
+                run_id = None
+        return run_id or self._find_run(key)
+
     def _find_run(self, key: str) -> str | None:
         """Looks a run up by its key tag (a resumed driver, or an id map that was lost)."""
         exp_ids = sorted({*self._experiment_ids.values(), self._experiment_id(self.target.experiment_name)})
@@ -290,6 +307,7 @@ class Tracker:
         if self._run_ids.get(key) == run_id:
             return
         self._run_ids[key] = run_id
+        self._confirmed.add(run_id)
         self._ids_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._ids_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(self._run_ids, indent=0, sort_keys=True))

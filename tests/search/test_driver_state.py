@@ -145,3 +145,18 @@ def test_load_params_refuses_a_non_path_with_a_spec_error():
 
     with pytest.raises(SpecError, match="params"):
         load_params(5)  # type: ignore[arg-type]
+
+
+def test_a_second_search_under_a_used_name_is_refused_before_it_runs(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    first = Search(EXPERIMENT, SPACE, run_config=RunConfig(storage_path=tmp_path, name="same"))
+    first.path.mkdir(parents=True)
+    (first.path / STATE_FILE).write_text(json.dumps(first._state()))
+    again = Search(
+        EXPERIMENT, SPACE, config=RANDOM_2, run_config=RunConfig(storage_path=tmp_path, name="same")
+    )
+    with pytest.raises(SpecError, match="a search named 'same' is already in") as info:
+        again.fit()
+    assert info.value.field == "name"
+    assert json.loads((first.path / STATE_FILE).read_text()) == first._state()  # the first one kept
+    assert Search.restore(first.path)._restored  # and it can still be continued

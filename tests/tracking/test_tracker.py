@@ -145,3 +145,30 @@ def test_records_kept_by_one_process_are_written_by_the_next(tmp_path: Path) -> 
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("later").experiment_id])
     assert run.data.metrics["best_tokens_per_s"] == 77.0 and run.info.status == "FINISHED"
+
+
+def test_an_id_map_naming_runs_the_store_lacks_is_corrected(tmp_path: Path, monkeypatch) -> None:
+    """The id map beside the backlog can name runs the store does not have (the store was reset or
+    replaced under the same URI): each id is checked, and the run is found by its key or made again,
+    instead of every later record being refused ("Run with id=... not found")."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Tracker(_target(tmp_path, uri))
+    first.start_run("search:1", "my search")
+    first.end_run("search:1")
+    ids = tmp_path / "pending" / first.target.buffer_file.with_suffix(".runs.json").name
+    stale = {
+        "search:1": "0123456789abcdef0123456789abcdef",
+        "trial:1:gone": "fedcba9876543210fedcba9876543210",
+    }
+    ids.write_text(json.dumps(stale))
+    again = Tracker(_target(tmp_path, uri))
+    again.start_run("search:1", "my search")
+    again.log_batch("search:1", metrics={"num_trials": 3.0})
+    again.start_run("trial:1:gone", "a trial", parent_key="search:1")
+    again.end_run("trial:1:gone")
+    again.end_run("search:1")
+    assert again.rejected == [] and again.run_id("search:1") == first.run_id("search:1")
+    runs = _runs(MlflowClient(uri), "exp")
+    assert runs["search:1"].data.metrics == {"num_trials": 3.0}
+    assert runs["trial:1:gone"].info.run_id == again.run_id("trial:1:gone") != stale["trial:1:gone"]
