@@ -88,18 +88,16 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 def check_files(entrypoint: Sequence[str], working_dir: Path) -> None:
-    """Every YAML the command names (`X.yaml` or `--opt=X.yaml`) is a file inside the working dir: the job
-    runs in a copy of that folder on the cluster, so an absolute path or one that leaves it names what
-    the cluster does not have."""
+    """Every YAML the command names (`X.yaml` or `--opt=X.yaml`) exists: a relative path inside the
+    working dir (the job runs in a copy of that folder, so one that leaves it names what the job will not
+    have), an absolute one here (on a cluster it must be on storage the head shares, as SERVICE_SEARCH_DIR
+    is)."""
     for token in entrypoint:
         arg = token.split("=", 1)[1] if token.startswith("-") and "=" in token else token
         if not arg.endswith((".yaml", ".yml")):
             continue
-        if Path(arg).is_absolute():
-            raise SpecError("entrypoint", f"{arg}: an absolute path; name it relative to {working_dir}, the "
-                            "folder the job's copy is made of")  # fmt: skip
-        path = (working_dir / arg).resolve()
-        if not path.is_relative_to(working_dir):
+        path = Path(arg) if Path(arg).is_absolute() else (working_dir / arg).resolve()
+        if not Path(arg).is_absolute() and not path.is_relative_to(working_dir):
             raise SpecError("entrypoint", f"{arg}: outside {working_dir}, the only folder the job gets")
         if not path.is_file():
             raise SpecError("entrypoint", f"{arg}: no such file (in {working_dir})")

@@ -221,7 +221,9 @@ class TrialRecorder(Callback):
         observed = Observation.from_report(last)
         if not observed.predicted:
             observed = observed.model_copy(update={"predicted": self.predicted.get(plan_key, Metrics())})
-        final = observed.flat(prefix="final_")
+        # `final_` only for a trial that ran every step: a stopped one's numbers are its last rung's, on
+        # fewer steps, and must not sort beside the finished trials' in the MLflow UI.
+        final = observed.flat(prefix="final_" if status == "ok" else "last_")
         tags = {"trial_status": status, "trial_reason": reason[:4000]}
         if fallback_of(last):  # CPU numbers for a GPU plan: say so where the run is read
             tags["device_fallback"] = fallback_of(last)

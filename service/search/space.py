@@ -192,7 +192,7 @@ class AshaSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     grace_period: int | None = Field(
-        None, gt=0, description="Steps before a trial can be stopped; default: proxy warm-up steps + 1."
+        None, gt=0, description="Steps before a trial can be stopped; default: proxy warm-up steps + 3."
     )
     reduction_factor: float = Field(2.0, gt=1, description="Keep the best 1/reduction_factor at each rung.")
 

@@ -77,17 +77,22 @@ class NoImprovementStop(Stopper, Callback):
         return value > self.best if self.mode == "max" else value < self.best
 
 
+RUNG_MEASURED_STEPS = 3
+
+
 def asha(settings: AshaSettings | None, metric: str, mode: str, steps: int, warmup_steps: int) -> Any:
     """ASHA on the metric by optimizer `step` (stable across a trial's restart, unlike Tune's iteration).
 
-    The grace period defaults to the first step after warm-up, where the reported throughput first
-    excludes warm-up steps; None when early stopping is off or a trial is too short to have rungs.
+    The grace period defaults to `RUNG_MEASURED_STEPS` steps after warm-up: the worker reports the mean
+    since warm-up, and one step's throughput on a shared machine varies by more than plans differ (±45 %
+    seen on a 2-core CPU), so the first rung compares a few steps' mean. None when early stopping is off
+    or a trial is too short to have rungs.
     Rungs stop short of the last step (max_t = steps - 1, and no stop at max_t): a trial that reached
     its last step ends by itself, so its Train run shuts down cleanly instead of being killed.
     """
     if settings is None:
         return None
-    grace = settings.grace_period or warmup_steps + 1
+    grace = settings.grace_period or warmup_steps + RUNG_MEASURED_STEPS
     if grace >= steps:
         return None
     return ASHAScheduler(

@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from service.spec.names import name_problem
 from service.spec.tracking import TrackingSpec
@@ -71,9 +72,24 @@ class TrackingTarget:
         return self.buffer_dir / f"{digest}.jsonl"
 
 
+# The schemes MLflow's tracking store registry knows (a database's with its driver: postgresql+psycopg).
+STORE_SCHEMES = ("", "file", "http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks",
+                 "databricks-uc", "uc")  # fmt: skip
+
+
 def resolve(spec: TrackingSpec, default_experiment: str) -> TrackingTarget:
-    """Applies the precedence above; a sqlite store keeps artifacts in `mlartifacts/` beside its file."""
+    """Applies the precedence above; a sqlite store keeps artifacts in `mlartifacts/` beside its file. A
+    URI of no store MLflow knows is a `SpecError` naming where it came from: it is no store that is down,
+    whose records would wait for it in the backlog forever."""
+    from service.spec.errors import SpecError
+
     uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.uri or default_uri()
+    scheme = urlsplit(uri).scheme.split("+")[0].lower()
+    if scheme not in STORE_SCHEMES:
+        field = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "tracking.uri"
+        allowed = ", ".join(s + ":" for s in STORE_SCHEMES if s)
+        given = urlsplit(uri).scheme + ":"  # the scheme alone: the URI may hold a password
+        raise SpecError(field, f"{given!r} is no MLflow tracking store's scheme; allowed: a path, {allowed}")
     artifacts = spec.artifact_location
     db = sqlite_path(uri)
     if artifacts is None and db is not None:

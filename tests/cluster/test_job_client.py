@@ -20,10 +20,11 @@ PLAN = ["python", "-m", "service", "plan"]
 
 def test_files_are_checked_in_either_option_form_and_must_be_in_the_working_dir(tmp_path: Path):
     check_files([*PLAN, "--space=search_spaces/tiny-cpu.yaml", "experiments/tiny-cpu.yaml"], ROOT)
+    check_files([*PLAN, str(ROOT / "experiments/tiny-cpu.yaml")], ROOT)  # shared storage: as it is
     for arg, says in [
         ("--space=search_spaces/nope.yaml", "no such file"),
         ("../elsewhere/tiny-cpu.yaml", "outside"),
-        (str(ROOT / "experiments/tiny-cpu.yaml"), "an absolute path"),
+        (str(ROOT / "experiments/nope.yaml"), "no such file"),
     ]:
         with pytest.raises(SpecError, match=says) as err:
             check_files([*PLAN, arg], ROOT)

@@ -69,3 +69,12 @@ def test_a_trial_that_ran_on_cpu_for_want_of_cuda_is_tagged_so(tmp_path: Path, m
     run = MlflowClient(uri).get_run(tracker.run_id(trial_key("s1", "t1")))
     assert run.data.tags["trial_status"] == "ok" and run.data.tags["device_fallback"] == fallback
     assert run.data.metrics["final_measured_tokens_per_s"] == 900.0
+    # a trial ASHA stopped keeps its last numbers apart from the finished trials' `final_` ones
+    stopped = SimpleNamespace(trial_id="t2", config={"plan": candidates[0].key}, local_path=str(tmp_path))
+    recorder.on_trial_start(0, [], stopped)
+    recorder.on_trial_result(0, [], stopped, {"step": 1, "tokens_per_s": 1500.0})
+    recorder.on_trial_complete(0, [], stopped)
+    run = MlflowClient(uri).get_run(tracker.run_id(trial_key("s1", "t2")))
+    assert run.data.tags["trial_status"] == "stopped_early" and run.info.status == "KILLED"
+    assert run.data.metrics["last_measured_tokens_per_s"] == 1500.0
+    assert "final_measured_tokens_per_s" not in run.data.metrics

@@ -60,14 +60,16 @@ def test_no_patience_never_stops() -> None:
     assert not stop.stop_all()
 
 
-def test_asha_grace_period_defaults_to_after_warmup() -> None:
-    scheduler = asha(AshaSettings(), "tokens_per_s", "max", steps=8, warmup_steps=2)
+def test_asha_grace_period_defaults_to_three_steps_after_warmup() -> None:
+    scheduler = asha(AshaSettings(), "tokens_per_s", "max", steps=12, warmup_steps=2)
     assert scheduler is not None
-    assert scheduler._time_attr == "step" and scheduler._max_t == 7  # never a rung on the last step
-    assert [r[0] for r in scheduler._brackets[0]._rungs] == [6, 3]  # first rung right after warm-up
+    assert scheduler._time_attr == "step" and scheduler._max_t == 11  # never a rung on the last step
+    assert [r[0] for r in scheduler._brackets[0]._rungs] == [10, 5]  # first rung: 3 measured steps' mean
+    given = asha(AshaSettings(grace_period=3), "tokens_per_s", "max", steps=8, warmup_steps=2)
+    assert [r[0] for r in given._brackets[0]._rungs] == [6, 3]  # a space's own grace period is kept
     assert not scheduler._stop_last_trials
     assert asha(None, "tokens_per_s", "max", steps=8, warmup_steps=2) is None
-    assert asha(AshaSettings(), "tokens_per_s", "max", steps=3, warmup_steps=2) is None  # no room for a rung
+    assert asha(AshaSettings(), "tokens_per_s", "max", steps=5, warmup_steps=2) is None  # no room for a rung
 
 
 @pytest.mark.slow  # a local Ray instance (about 10 s)

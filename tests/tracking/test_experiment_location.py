@@ -40,3 +40,29 @@ def test_the_spec_takes_any_name_but_an_empty_one(tmp_path: Path) -> None:
     assert location is not None and location.startswith((tmp_path / "mlartifacts").as_uri() + "/")
     with pytest.raises((SpecError, ValueError)):
         TrackingSpec(experiment_name="  ")
+
+
+@pytest.mark.parametrize(
+    ("env", "uri", "field"),
+    [("foo://user:secret@bar", None, "MLFLOW_TRACKING_URI"), (None, "mlfow://typo", "tracking.uri")],
+)
+def test_a_uri_of_no_store_mlflow_knows_is_refused_naming_where_it_came_from(monkeypatch, env, uri, field):
+    from service.spec import TrackingSpec
+    from service.spec.errors import SpecError
+    from service.tracking.uri import resolve
+
+    if env:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(SpecError, match="is no MLflow tracking store's scheme") as err:
+        resolve(TrackingSpec(uri=uri), "e")
+    assert err.value.field == field and "secret" not in str(err.value)
+    for good in (
+        "postgresql+psycopg://u@h/db",
+        "http://127.0.0.1:5000",
+        "sqlite:////tmp/x.db",
+        "/tmp/mlruns",
+    ):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", good)
+        assert resolve(TrackingSpec(), "e").uri == good
