@@ -219,6 +219,12 @@ def cluster_spec(row: Measurement) -> ClusterSpec:
     if row.gpu_overrides:
         gpu = GPUSpec.model_validate({**gpu.model_dump(), **row.gpu_overrides})
     nodes = max(1, row.num_gpus // row.gpus_per_node)
+    if row.num_gpus > row.gpus_per_node and row.num_gpus % row.gpus_per_node:
+        raise SpecError(
+            "num_gpus",
+            f"{row.num_gpus} GPUs are no whole number of {row.gpus_per_node}-GPU nodes; give the row's "
+            "gpus_per_node as it ran",
+        )
     return ClusterSpec(gpu=gpu, num_nodes=nodes, gpus_per_node=min(row.gpus_per_node, row.num_gpus))
 
 
@@ -335,7 +341,16 @@ def load_dataset(path: str | Path) -> Dataset:
     ds = validate_as(Dataset, data, str(p))
     for i, row in enumerate(ds.measurements):
         try:
-            model, cluster = model_spec(ds, row.model, row.capacity_factor), cluster_spec(row)
+            model = model_spec(ds, row.model, row.capacity_factor)
+        except ValidationError as err:  # an inline model's own field, named as the file names it
+            first = err.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ())) or "(model)"
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise SpecError(f"models.{row.model}.{where}", f"{row.id}: {message}", str(p)) from None
+        except SpecError as err:  # a model neither inline nor in the catalog
+            raise SpecError(f"measurements.{i}.{err.field}", f"{row.id}: {err.message}", str(p)) from None
+        try:
+            cluster = cluster_spec(row)
             check = plan_problem(row_plan(ds, row), model, cluster)
             if check:
                 raise SpecError(f"measurements.{i}.{check[0]}", f"{row.id}: {check[1]}", str(p))

@@ -58,6 +58,24 @@ def _autoscaler_config() -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def declared_most(unit: str) -> float:
+    """$SERVICE_CLUSTER_MAX_RESOURCES's count of `unit`; a `SpecError` naming the variable when it is not
+    a JSON object of non-negative numbers (`GPU=36`, `{"GPU": "many"}`)."""
+    text = os.environ[MAX_ENV]
+    try:
+        declared = json.loads(text)
+        if not isinstance(declared, dict):
+            raise ValueError("not an object")
+        value = float(declared.get(unit, 0))
+        if not value >= 0 or value == float("inf"):
+            raise ValueError(f"{unit} is {value}")
+    except (ValueError, TypeError) as err:
+        raise SpecError(
+            MAX_ENV, f'{text!r} is not a JSON object of counts like {{"GPU": 36}} ({err})'
+        ) from None
+    return value
+
+
 def capacity(unit: str) -> Capacity:
     """Reads the connected cluster (ray.init first). Its maximum comes from the cluster config in the
     GCS where the autoscaler reports one (the call Ray Train makes before placing workers), else
@@ -74,8 +92,7 @@ def capacity(unit: str) -> Capacity:
     if reported:
         return Capacity(unit, now, max(now, float(reported.get(unit, 0))), autoscaled=True)
     if os.environ.get(MAX_ENV):  # e.g. KubeRay, whose node groups live in the RayCluster resource
-        declared = json.loads(os.environ[MAX_ENV])
-        return Capacity(unit, now, max(now, float(declared.get(unit, 0))), autoscaled=True)
+        return Capacity(unit, now, max(now, declared_most(unit)), autoscaled=True)
     config = _autoscaler_config()
     if config is None:
         return Capacity(unit, now, now, autoscaled=False)

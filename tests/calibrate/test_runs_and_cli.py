@@ -284,3 +284,25 @@ def test_a_csv_runs_kernels_default_to_what_estimate_assumes_and_can_be_stated(t
         SpecError, match=r"measurements\.1\.cudnn_attention: True on line 3, False on an earlier"
     ):
         load_runs(path)
+
+
+def test_an_inline_models_bad_field_and_a_partial_node_are_named(tmp_path):
+    row = {"id": "r1", "source": "a", "model": "mymodel", "gpu": "h100-sxm-80gb", "num_gpus": 8, "dp": 8,
+           "tp": 1, "pp": 1, "zero_stage": 3, "micro_batch": 1, "grad_accum": 1, "global_batch": 8,
+           "seq_len": 4096, "recompute": "none", "measured": {"tokens_per_s_per_gpu": 3000}}  # fmt: skip
+    data = {"sources": {"a": {"citation": "x", "framework": "y", "metric": "z"}},
+            "models": {"mymodel": {"num_layers": 2, "hidden_size": -5}}, "measurements": [row]}  # fmt: skip
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as err:
+        load_runs(path)
+    assert (err.value.field, err.value.message) == (
+        "models.mymodel.hidden_size",
+        "r1: Input should be greater than 0",
+    )
+    data["models"] = {}
+    data["measurements"] = [{**row, "model": "llama2-7b", "num_gpus": 12, "dp": 12, "global_batch": 12}]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="12 GPUs are no whole number of 8-GPU nodes") as err:
+        load_runs(path)
+    assert err.value.field == "measurements.0.num_gpus"

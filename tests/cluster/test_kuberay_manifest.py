@@ -107,6 +107,10 @@ def test_capacity_reads_the_declared_maximum(monkeypatch):
     assert capacity.max_concurrent_trials(8, "cuda") == 4
     with pytest.raises(SpecError, match="offers at most 36 with autoscaling, 0 now"):
         capacity.max_concurrent_trials(64, "cuda")
+    for bad in ("GPU=36", '{"GPU": "many"}', "[36]", '{"GPU": -1}'):
+        monkeypatch.setenv(capacity.MAX_ENV, bad)
+        with pytest.raises(SpecError, match=f"{capacity.MAX_ENV}: .* is not a JSON object of counts"):
+            capacity.capacity("GPU")
 
 
 def test_security_points():
