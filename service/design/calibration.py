@@ -125,6 +125,14 @@ def calibrate(
     params = _fit(runs, prior, MEMORY_PARAMS)  # memory and time are fitted apart (different measurements)
     if on_production_gpu:
         params = _fit(runs, params, TIME_PARAMS)
+        # The time terms now rest on these proxies: the interval keeps the published set's out-of-sample
+        # residuals, widened (ModelParams.widening) for the scale beyond what the proxies ran, not
+        # beyond what the published runs did.
+        timed = [r for r in runs if r.tokens_per_s_per_gpu]
+        if timed:
+            from service.calibrate.crossval import domain_of
+
+            params = params.model_copy(update={"domain": domain_of(timed)})
     before = {n: prior[n] for n in names}
     after = {n: params[n] for n in names}
     info = Calibration(
@@ -134,7 +142,8 @@ def calibrate(
         before=before,
         after=after,
         time_terms=(
-            "fitted on proxies that ran on the production device type"
+            "fitted on proxies that ran on the production device type; the interval is the published "
+            "set's out-of-sample residuals, widened for the scale beyond the proxies"
             if on_production_gpu
             else "kept at the published-set parameters: the proxies ran on another device, and time "
             "measured there says nothing about the production GPU"
