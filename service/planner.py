@@ -143,9 +143,28 @@ def rank_plans(
         time_unfit=time_unfit,
     )
     estimates = raw if goodput is None else with_goodput(raw, model, cluster, precision, goodput)
-    resolution = estimates.params.residuals.scatter
-    selection = select_plan(enumeration.plans, estimates, budget, resolution)
+    selection = select_plan(
+        enumeration.plans,
+        estimates,
+        budget,
+        tie_resolution(estimates.params, model, cluster, workload, enumeration.plans),
+    )
     return Ranking(enumeration, estimates, selection, raw.hours)
+
+
+def tie_resolution(
+    params: ModelParams, model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans: PlanTable
+) -> np.ndarray:
+    """Per plan, the log ratio within which plans tie with it: the set's offset-free scatter (how far two
+    runs of one stack are mispredicted relative to each other), widened as the plan's interval is for a
+    software stack the fit never saw on this GPU (`ModelParams.stack_widening`): nothing measured the
+    relative error of that stack's plans."""
+    from service.spec.stack import plan_stacks
+
+    legacy = workload.zero3_collectives == "per_tensor_lists"
+    stacks = plan_stacks(plans, legacy, model.moe is not None) if params.domain.stacks else None
+    widening = 1.0 + np.asarray(params.stack_widening(stacks, cluster.gpu.name), dtype=float)
+    return np.broadcast_to(params.residuals.scatter * widening, (len(plans),))
 
 
 @dataclass(frozen=True)

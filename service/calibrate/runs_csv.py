@@ -74,15 +74,17 @@ def _sources(measurements: list[dict[str, Any]], path: Path) -> dict[str, dict[s
     from service.spec.workload import Workload
 
     defaults = {k: Workload.model_fields[k].default for k in SOURCE_FLAGS}
-    sources: dict[str, dict[str, Any]] = {}
+    stated: dict[str, dict[str, tuple[bool, int]]] = {}  # source → flag → (value, line it was stated on)
     for i, m in enumerate(measurements):
-        flags = {k: m.pop(k) for k in SOURCE_FLAGS if k in m}
-        name = str(m.get("source", ""))
-        entry = sources.setdefault(
-            name, {"citation": str(path), "framework": "", "metric": "", **defaults, **flags}
-        )
-        for k, v in flags.items():
-            if entry[k] != v:
-                message = f"{v} on line {i + 2}, {entry[k]} on an earlier row of source {name!r}"
+        mine = stated.setdefault(str(m.get("source", "")), {})
+        for k in [k for k in SOURCE_FLAGS if k in m]:  # a blank cell states nothing
+            value, line = m.pop(k), i + 2
+            first = mine.setdefault(k, (value, line))
+            if first[0] != value:
+                message = f"{value} on line {line}, {first[0]} on line {first[1]} of the same source"
                 raise SpecError(f"measurements.{i}.{k}", message, str(path))
-    return sources
+    return {
+        name: {"citation": str(path), "framework": "", "metric": "", **defaults,
+               **{k: v for k, (v, _) in flags.items()}}
+        for name, flags in stated.items()
+    }  # fmt: skip

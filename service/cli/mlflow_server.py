@@ -150,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         check_port_free(args.host, args.port)
     except RuntimeError as err:  # another server there would answer the new one's health check
         raise SpecError("--port", str(err)) from None
+    except ValueError as err:
+        raise SpecError("--host", str(err)) from None
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     artifacts = args.artifacts_destination if args.serve_artifacts else None
     failed_starts, first = 0, True

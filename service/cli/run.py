@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_proxies is not None and args.max_proxies < 0:
         raise SpecError("--max-proxies", f"must be 0 or more, got {args.max_proxies}")
+    if args.max_proxies and args.no_proxies:  # one of them would be dropped without a word
+        raise SpecError("--max-proxies", f"{args.max_proxies} proxies and --no-proxies: give one of them")
     if args.out is not None:
         output_path("--out", args.out, folder=True)
     try:

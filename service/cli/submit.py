@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         outcome = wait_for_job(job, args.timeout, on_output=show)
     except JobApiLost as lost:
+        if args.json:  # the job id of a job that may still run is what a script needs most
+            print_json({"job_id": job.job_id, "status": "UNKNOWN", "error": f"lost the job API: {lost}"})
         print(f"error: lost the job API at {job.address} ({lost}); job {job.job_id} may still be running: "
               f"`ray job status {job.job_id}`, `ray job stop {job.job_id}`", file=sys.stderr)  # fmt: skip
         return 3

@@ -96,8 +96,9 @@ def check_files(entrypoint: Sequence[str], working_dir: Path) -> None:
         arg = token.split("=", 1)[1] if token.startswith("-") and "=" in token else token
         if not arg.endswith((".yaml", ".yml")):
             continue
-        path = Path(arg) if Path(arg).is_absolute() else (working_dir / arg).resolve()
-        if not Path(arg).is_absolute() and not path.is_relative_to(working_dir):
+        path = Path(arg) if Path(arg).is_absolute() else working_dir / arg
+        # By the path as written: a symlink inside the folder is uploaded as what it points to.
+        if not Path(arg).is_absolute() and os.path.normpath(arg).split(os.sep)[0] == "..":
             raise SpecError("entrypoint", f"{arg}: outside {working_dir}, the only folder the job gets")
         if not path.is_file():
             raise SpecError("entrypoint", f"{arg}: no such file (in {working_dir})")

@@ -116,13 +116,21 @@ def tie_group(est: EstimateTable, feasible: np.ndarray, objective: str, resoluti
     return feasible[within | exact]
 
 
-def select_plan(plans: PlanTable, est: EstimateTable, budget: Budget, resolution: float = 0.0) -> Selection:
+def select_plan(
+    plans: PlanTable, est: EstimateTable, budget: Budget, resolution: float | np.ndarray = 0.0
+) -> Selection:
     """The lowest-risk plan among those within `resolution` of the best `budget.objective` that fit and
-    meet the budget (the best itself when `resolution` is 0 and nothing ties it exactly)."""
+    meet the budget (the best itself when `resolution` is 0 and nothing ties it exactly). `resolution`:
+    one log ratio, or one per plan (planner.tie_resolution), of which the best plan's applies."""
     status = _statuses(est, budget)
     rows = np.arange(len(est))
     risk = risk_of(plans, est)
     feasible = objective_order(est, rows[status == SELECTED], budget.objective, risk.offloads)
+    per_plan = np.asarray(resolution, dtype=float)
+    if per_plan.ndim == 0:
+        resolution = float(per_plan)
+    else:
+        resolution = float(per_plan[feasible[0]]) if len(feasible) else float(per_plan.min(initial=0.0))
     over = (status == OVER_BUDGET) | (status == OVER_DEADLINE)
     others = objective_order(est, rows[over], budget.objective, risk.offloads)
     if len(feasible) == 0:
@@ -166,8 +174,8 @@ def _tie_note(
     size = (
         f"{len(group)} plans lie within the model's resolution of the best {objective} "
         f"(±{np.expm1(resolution):.1%}: how far two runs of one software stack are mispredicted relative "
-        "to each other, the spread of its out-of-sample errors about each source's own bias), so the model "
-        "cannot order them"
+        "to each other, the spread of its out-of-sample errors about each source's own bias, widened as the "
+        "interval is where the fit never saw the stack), so the model cannot order them"
         if resolution > 0
         else f"{len(group)} plans tie exactly"
     )

@@ -55,7 +55,7 @@ def default_thresholds(experiment: Any, plan: Any, params: Any = None) -> Thresh
         sources["min_tokens_per_s"] = (
             f"low end of the estimate's 80 % interval ({e.tokens_per_s:,.0f} predicted; {e.params.interval})"
         )
-        if min_tps >= e.tokens_per_s:  # a set with no out-of-sample residuals (one source, --no-crossval)
+        if params is not None and not params.has_interval:  # no out-of-sample residuals (--no-crossval)
             # would fail a run 0.1 % slow: take the shipped set's interval width around this prediction
             shipped = estimate(experiment.model, experiment.cluster, plan, experiment.workload)
             min_tps = e.tokens_per_s * float(shipped.tokens_per_s_interval[0]) / shipped.tokens_per_s

@@ -153,10 +153,10 @@ def memory_chart(result: RunResult, path: Path) -> Path | None:
     right = max([b.high for b in bars if b.high <= cap] + [data.device_memory, data.limit]) * 1.45
     totals = [b.total for b in bars]
     err = [[max(b.total - b.low, 0.0) for b in bars], [max(b.high - b.total, 0.0) for b in bars]]
-    ax.errorbar(totals, y, xerr=err, fmt="none", ecolor="black", capsize=3, lw=1.1, label="total, 80 %")
+    ax.errorbar(totals, y, xerr=err, fmt="none", ecolor="black", capsize=3, lw=1.1, label="total, range")
     box = {"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1}
     for i, b in enumerate(bars):
-        text = f"{_gib(b.total)} GiB (80 %: {_gib(b.low, b.total)}–{_gib(b.high, b.total)})"
+        text = f"{_gib(b.total)} GiB (range {_gib(b.low, b.total)}–{_gib(b.high, b.total)})"
         if b.host > 0:
             text += f" + {_size(b.host)} on host"
         off = b.high > cap
@@ -192,7 +192,8 @@ def memory_chart(result: RunResult, path: Path) -> Path | None:
     ax.set_xlabel(f"GiB per GPU ({data.device_name})")
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(
-        "Memory per GPU of each plan shown, by term: the total and its 80 % interval against the limit",
+        "Memory per GPU of each plan shown, by term: the total and its range (the extrapolation rule's "
+        "band, not a checked 80 % interval) against the limit",
         fontsize=11,
     )
     handles, labels = ax.get_legend_handles_labels()

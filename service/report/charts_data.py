@@ -3,8 +3,9 @@ can be tested apart from the drawing (service/report/charts.py draws them).
 
 - `family_bars`: hours and dollars of the best plan of every strategy family among the memo's rows,
   each with its 80 % interval, the budget's limits, the selected plan marked;
-- `memory_bars`: memory per GPU of every row the memo shows, by term, the total (their sum), its 80 %
-  interval, the limit and the device memory;
+- `memory_bars`: memory per GPU of every row the memo shows, by term, the total (their sum), its range
+  (service/design/calibration.py's extrapolation rule: a band, not a checked 80 % interval), the limit
+  and the device memory;
 - `proxy_text`: what the proxy chart and the proxy table say the proxies check. CPU proxies check that
   each layout builds and steps and the memory terms per rank; their speed (gloo collectives on CPU
   cores) says nothing of GPU kernels, NVLink or InfiniBand, so it is never shown as evidence for speed.
@@ -94,7 +95,7 @@ class MemoryBar:
     status: str
     terms: dict[str, float]  # GiB per GPU by term, in `TERMS` order
     total: float  # GiB per GPU: the sum of `terms`
-    low: float  # the total's 80 % interval, GiB
+    low: float  # the total's range (extrapolation rule), GiB
     high: float
     host: float  # GiB per GPU offloaded to host memory (not in the total)
 

@@ -57,7 +57,8 @@ def decision(r: RunResult) -> list[Block]:
     text = (
         f"Run **{sel.label}** on {c.num_gpus} × {c.gpu} "
         f"({c.num_nodes} nodes × {c.gpus_per_node}{_network(c)}): "
-        f"{_plan_words(sel.plan)}. It trains at {with_interval(sel.tokens_per_s, fmt_tokens, ' tokens/s')}, "
+        f"{_plan_words(sel.plan)}. It trains at {with_interval(sel.tokens_per_s, fmt_tokens, ' tokens/s')} "
+        f"(MFU {sel.mfu:.1%}: model FLOPs over the dense peak, bf16 for FP8 plans), "
         f"taking {with_interval(sel.hours, fmt_hours, ' h')} and costing "
         f"{with_interval(sel.dollars, fmt_dollars)} with interruptions, checkpoints and restarts included. "
         f"Memory per GPU is {with_interval(mem, fmt_gib, ' GiB', 'range')} against a limit of "

@@ -176,7 +176,7 @@ class Search:
     def _from_state(cls, folder: Path, state: dict[str, Any], progress: bool) -> Search:
         search = cls(
             ExperimentSpec.model_validate(state["experiment"]),
-            SearchSpace.model_validate(state["space"]),
+            SearchSpace.model_validate(state["space"], context={"restored": True}),  # as it was saved
             config=SearchConfig(**state["settings"]),
             run_config=RunConfig(storage_path=folder.parent, name=folder.name, progress=progress),
         )
@@ -361,9 +361,12 @@ class Search:
         stopped = unfinished_trials(self.path)
         again = f"`python -m service search --resume {self.path}` continues it"
         why = {"status": INTERRUPTED, "reason": f"the search was stopped as it ran; {again}"}
+        # One still waiting for its workers never started (no MLflow run): like a plan not yet launched,
+        # it is left out; `--resume` runs it.
         trials = [
             t.model_copy(update=why) if t.trial_id in stopped else t
             for t in collect_trials(grid, pr, self.steps, self.path)
+            if stopped.get(t.trial_id) != "PENDING"
         ]
         reason = f"interrupted: {again}" if stopped else self._stopped_reason(len(trials), pr)
         return SearchResult(

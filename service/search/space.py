@@ -298,7 +298,7 @@ class SearchSpace(BaseModel):
         """An exclude rule on a field not searched, or on a value not among its values, matches nothing:
         refused, as a typo'd stage (2 for 3) would otherwise run the plans it meant to exclude."""
         params = info.data.get("params")
-        if params is None:  # params itself was refused
+        if params is None or (info.context or {}).get("restored"):  # refused already; or a saved search's
             return constraints
         varied = params.varied()
         for i, rule in enumerate(constraints.exclude):

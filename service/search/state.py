@@ -35,24 +35,24 @@ def tune_state_problem(folder: Path) -> str | None:
     return None
 
 
-def unfinished_trials(folder: Path) -> set[str]:
-    """Trials Tune's newest saved state in `folder` has running, pending or paused. Tune saves it one last
-    time when its loop ends and only then stops what still runs (marking it TERMINATED in memory, with no
-    trial callback): after a finished search every trial there is TERMINATED or ERROR; after a Ctrl-C the
-    ones that were running are not."""
+def unfinished_trials(folder: Path) -> dict[str, str]:
+    """Trial → Tune status, for the trials Tune's newest saved state in `folder` has running, pending or
+    paused. Tune saves it one last time when its loop ends and only then stops what still runs (marking it
+    TERMINATED in memory, with no trial callback): after a finished search every trial there is
+    TERMINATED or ERROR; after a Ctrl-C the ones that were running (or waiting to start) are not."""
     states = sorted(folder.glob("experiment_state-*.json"))
     if not states:
-        return set()
+        return {}
     try:
         data = json.loads(states[-1].read_text())
     except (OSError, ValueError):
-        return set()
-    out = set()
+        return {}
+    out = {}
     for entry in data.get("trial_data", []):
         trial = entry[0] if isinstance(entry, list) else entry
         trial = json.loads(trial) if isinstance(trial, str) else trial
         if isinstance(trial, dict) and trial.get("status") in ("RUNNING", "PENDING", "PAUSED"):
-            out.add(str(trial.get("relative_logdir") or trial.get("trial_id")))
+            out[str(trial.get("relative_logdir") or trial.get("trial_id"))] = str(trial["status"])
     return out
 
 

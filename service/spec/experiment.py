@@ -165,6 +165,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: construct_mapping merges it
+            continue
         key = loader.construct_object(key_node, deep=True)
         try:
             duplicate = key in seen

@@ -8,6 +8,7 @@ serve a store of their own on a free port.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import socket
 import subprocess
@@ -47,6 +48,8 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as err:
+            if err.errno != errno.EADDRINUSE:  # an address this machine does not have, a name
+                raise ValueError(f"cannot listen on {host} ({err.strerror or err})") from None
             raise RuntimeError(f"port {port} on {host} is taken ({err.strerror or err}): stop what listens "
                                "there, or give another --port") from None  # fmt: skip
 

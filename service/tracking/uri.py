@@ -77,6 +77,14 @@ STORE_SCHEMES = ("", "file", "http", "https", "sqlite", "postgresql", "mysql", "
                  "databricks-uc", "uc")  # fmt: skip
 
 
+def _plugin_schemes() -> set[str]:
+    """The schemes of MLflow tracking-store plugins installed here (entry points `mlflow.tracking_store`,
+    e.g. azureml-mlflow's `azureml`), which MLflow's registry loads beside its own."""
+    from importlib.metadata import entry_points
+
+    return {ep.name.lower() for ep in entry_points(group="mlflow.tracking_store")}
+
+
 def resolve(spec: TrackingSpec, default_experiment: str) -> TrackingTarget:
     """Applies the precedence above; a sqlite store keeps artifacts in `mlartifacts/` beside its file. A
     URI of no store MLflow knows is a `SpecError` naming where it came from: it is no store that is down,
@@ -85,7 +93,7 @@ def resolve(spec: TrackingSpec, default_experiment: str) -> TrackingTarget:
 
     uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.uri or default_uri()
     scheme = urlsplit(uri).scheme.split("+")[0].lower()
-    if scheme not in STORE_SCHEMES:
+    if scheme not in STORE_SCHEMES and scheme not in _plugin_schemes():
         field = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "tracking.uri"
         allowed = ", ".join(s + ":" for s in STORE_SCHEMES if s)
         given = urlsplit(uri).scheme + ":"  # the scheme alone: the URI may hold a password

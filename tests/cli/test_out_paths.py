@@ -62,3 +62,11 @@ def test_an_experiment_path_that_is_no_path_is_a_spec_error():
     for bad in (None, 123, {"name": "x"}):
         with pytest.raises(SpecError, match="expected a file path"):
             load_experiment(bad)  # type: ignore[arg-type]
+
+
+def test_proxies_asked_for_and_refused_at_once_is_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(TINY), "--no-proxies", "--max-proxies", "3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: --max-proxies: 3 proxies and --no-proxies: give one of them"
+    assert not out.exists()

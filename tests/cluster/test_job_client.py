@@ -21,6 +21,10 @@ PLAN = ["python", "-m", "service", "plan"]
 def test_files_are_checked_in_either_option_form_and_must_be_in_the_working_dir(tmp_path: Path):
     check_files([*PLAN, "--space=search_spaces/tiny-cpu.yaml", "experiments/tiny-cpu.yaml"], ROOT)
     check_files([*PLAN, str(ROOT / "experiments/tiny-cpu.yaml")], ROOT)  # shared storage: as it is
+    (tmp_path / "shared.yaml").write_text("name: x\n")
+    (tmp_path / "wd").mkdir()
+    (tmp_path / "wd" / "linked.yaml").symlink_to(tmp_path / "shared.yaml")  # Ray uploads what it points to
+    check_files([*PLAN, "linked.yaml"], tmp_path / "wd")
     for arg, says in [
         ("--space=search_spaces/nope.yaml", "no such file"),
         ("../elsewhere/tiny-cpu.yaml", "outside"),
@@ -106,3 +110,7 @@ def test_submit_json_prints_one_document_and_a_lost_api_exits_3(monkeypatch, cap
     assert main(["submit", "--", *PLAN, "experiments/tiny-cpu.yaml"]) == 3
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: lost the job API") and "`ray job stop raysubmit_2`" in err
+    down.status_calls = down.log_calls = 0
+    assert main(["submit", "--json", "--", *PLAN, "experiments/tiny-cpu.yaml"]) == 3
+    lost = json.loads(capsys.readouterr().out)  # still one document, with the id of a job that may run
+    assert lost["job_id"] == "raysubmit_2" and lost["status"] == "UNKNOWN"

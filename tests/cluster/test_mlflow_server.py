@@ -136,3 +136,18 @@ def test_an_ipv6_host_is_bracketed_in_the_url():
 
     assert server_url("::1", 5000) == "http://[::1]:5000"
     assert server_url("127.0.0.1", 5000) == "http://127.0.0.1:5000"
+
+
+def test_an_address_this_machine_lacks_is_a_host_error_not_a_taken_port():
+    cmd = [
+        sys.executable,
+        "-m",
+        "service",
+        "mlflow-server",
+        "--host",
+        "10.255.255.1",
+        "--port",
+        str(free_port()),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --host: cannot listen on 10.255.255.1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from service.plans.risk import MEMORY_RISK_ERROR, risk_of
 from service.plans.select import COSTLIER, RISKIER, SELECTED, SLOWER, select_plan, tie_group
@@ -107,7 +108,9 @@ def test_the_seed_chooses_plain_zero3_among_its_ties_and_no_offload():
     sel = result._ranking.selection
     from service.spec.params import load_params
 
-    assert sel.resolution == load_params().residuals.scatter
+    # the scatter, widened as the interval is: the fit never saw DeepSpeed ZeRO-3 on H100
+    shipped = load_params()
+    assert sel.resolution == pytest.approx(shipped.residuals.scatter * (1 + shipped.widen_unseen_stack))
     assert result.selected is not None
     assert result.selected.plan.short() == "dp32-tp1-pp1-z3-mb1-ga4-rc:none"
     ties = [result._ranking.enumeration.plans.row(int(r)).short() for r in sel.ties]

@@ -160,3 +160,15 @@ def test_a_second_search_under_a_used_name_is_refused_before_it_runs(tmp_path: P
     assert info.value.field == "name"
     assert json.loads((first.path / STATE_FILE).read_text()) == first._state()  # the first one kept
     assert Search.restore(first.path)._restored  # and it can still be continued
+
+
+def test_a_saved_search_restores_with_the_rules_it_was_saved_with(tmp_path: Path, monkeypatch) -> None:
+    """A rule the space checks refuse today (one on a field not searched) was saved by an older search:
+    that search still continues."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
+    search = Search(EXPERIMENT, SPACE, run_config=RunConfig(storage_path=tmp_path, name="old"))
+    search.path.mkdir(parents=True)
+    state = search._state()
+    state["space"]["constraints"]["exclude"] = [{"pp": 2}]
+    (search.path / STATE_FILE).write_text(json.dumps(state))
+    assert Search.restore(search.path).space.constraints.exclude[0].pp == 2

@@ -28,9 +28,9 @@ def tune_state(folder: Path, statuses: dict[str, str]) -> None:
 
 
 def test_unfinished_trials_are_those_tune_saved_running_pending_or_paused(tmp_path: Path) -> None:
-    assert unfinished_trials(tmp_path) == set()  # no state: nothing ran
+    assert unfinished_trials(tmp_path) == {}  # no state: nothing ran
     tune_state(tmp_path, {"a": "TERMINATED", "b": "RUNNING", "c": "ERROR", "d": "PENDING", "e": "PAUSED"})
-    assert unfinished_trials(tmp_path) == {"b", "d", "e"}
+    assert unfinished_trials(tmp_path) == {"b": "RUNNING", "d": "PENDING", "e": "PAUSED"}
 
 
 def _grid(search: Search, done: str, running: str) -> list[SimpleNamespace]:
@@ -57,6 +57,9 @@ def test_the_running_trial_is_interrupted_and_the_search_says_how_to_go_on(tmp_p
     assert [t.status for t in result.trials] == ["ok", "interrupted"] and result.interrupted
     assert result.stopped_reason.startswith("interrupted:") and "--resume" in result.stopped_reason
     assert result.best is not None and result.best.trial_id == "t1"
+    tune_state(search.path, {"t1": "TERMINATED", "t2": "PENDING"})  # t2 still waited for its workers
+    waiting = search._collect(grid, search.pruning())
+    assert [t.trial_id for t in waiting.trials] == ["t1"] and waiting.stopped_reason.startswith("interrupted")
     tune_state(search.path, {"t1": "TERMINATED", "t2": "TERMINATED"})  # the same search, finished
     finished = search._collect(grid, search.pruning())
     assert not finished.interrupted and finished.trials[1].status == "failed"  # no report: it never ran

@@ -162,6 +162,8 @@ def test_inline_model_shape_errors(tmp_path):
 
 
 def test_unreadable_files(tmp_path):
+    from service.spec.experiment import read_yaml
+
     assert error_of(tmp_path / "none.yaml").message == "no such file"
     assert error_of(tmp_path).message == "a directory, not a YAML file"
     (tmp_path / "bad.yaml").write_text("name: [x\n")
@@ -173,6 +175,9 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "twice.yaml").write_text("name: x\nproxy:\n  steps: 5\n  num_layers: 2\n  steps: 3\n")
     err = error_of(tmp_path / "twice.yaml")
     assert err.field == "line 5" and err.message == "not valid YAML: duplicate key 'steps'"
+    # YAML merge keys are no duplicates: `<<: *anchor` merges, a key after it overrides
+    (tmp_path / "merge.yaml").write_text("base: &b {tp: 2, pp: 1}\nplan: {<<: *b, tp: 4}\n")
+    assert read_yaml(tmp_path / "merge.yaml")["plan"] == {"tp": 4, "pp": 1}
 
 
 def test_catalog_lookups_list_what_exists():

@@ -66,3 +66,12 @@ def test_a_uri_of_no_store_mlflow_knows_is_refused_naming_where_it_came_from(mon
     ):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", good)
         assert resolve(TrackingSpec(), "e").uri == good
+
+
+def test_a_tracking_store_plugins_scheme_is_taken(monkeypatch):
+    from service.spec import TrackingSpec
+    from service.tracking import uri
+
+    monkeypatch.setattr(uri, "_plugin_schemes", lambda: {"azureml"})  # as azureml-mlflow registers it
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "azureml://eastus.api.azureml.ms/mlflow/v1.0/ws")
+    assert uri.resolve(TrackingSpec(), "e").uri.startswith("azureml://")
