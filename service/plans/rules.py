@@ -56,6 +56,7 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("ZeRO stage too high with MoE blocks", "zero_stage", "with MoE blocks "),
     ("MoE blocks with pp on an engine without it", "pp", "runs MoE blocks without a pipeline"),
     ("router regime the engine lacks", "engine", "its MoE routers"),
+    ("MoE with tp but no sequence_parallel", "sequence_parallel", "only with sequence_parallel on"),
     ("ep·expert_tp does not divide dp·cp·tp", "ep", "ranks of a pipeline stage"),
     ("hpZ group does not divide dp·cp", "zero_hpz_partition_size", "does not divide the"),
     ("shard group does not divide dp·cp", "shard_group_size", "does not divide the"),
@@ -134,7 +135,7 @@ def _moe_rules(p: PlanTable, model: ModelSpec) -> list[np.ndarray]:
     """`_moe_problem` (service/spec/plan_checks.py) on columns."""
     moe, none = model.moe, np.zeros(len(p), bool)
     if moe is None:
-        return [p.ep > 1, p.expert_tp > 1, *[none] * 6]
+        return [p.ep > 1, p.expert_tp > 1, *[none] * 7]
     router = np.array([moe.router in engine_rules(e).expert_parallel.routers for e in ENGINE_CODES])
     return [
         none,
@@ -144,6 +145,7 @@ def _moe_rules(p: PlanTable, model: ModelSpec) -> list[np.ndarray]:
         p.zero_stage > _expert_rule("max_zero_stage")[p.engine],
         (p.pp > 1) & ~_expert_rule("with_pipeline")[p.engine],
         ~router[p.engine],
+        (p.tp > 1) & ~p.sequence_parallel & _expert_rule("tp_needs_sequence_parallel")[p.engine],
         (p.dp * p.cp * p.tp) % (p.ep * p.expert_tp) != 0,
     ]
 

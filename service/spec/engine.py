@@ -68,6 +68,8 @@ class ExpertParallelRule(BaseModel):
     max_zero_stage: int = Field(ge=0, le=3)  # highest ZeRO stage a MoE model runs with
     with_pipeline: bool  # MoE blocks inside a pipeline (pp > 1)
     routers: tuple[Literal["dropless", "capacity"], ...]  # router regimes the engine runs
+    # With MoE blocks, tp > 1 only with sequence parallelism (Megatron-LM's arguments.py asserts it).
+    tp_needs_sequence_parallel: bool = False
     a2a_overlap: bool  # dispatch and combine all-to-alls hidden behind other micro-batches' compute
 
 

@@ -36,6 +36,8 @@ def _moe_problem(plan: Plan, model: ModelSpec) -> tuple[str, str] | None:
         return "pp", f"{name} runs MoE blocks without a pipeline; with MoE blocks pp must be 1"
     if moe.router not in rule.routers:
         return "engine", f"{name} has no {moe.router} router; its MoE routers: {', '.join(rule.routers)}"
+    if plan.tp > 1 and not plan.sequence_parallel and rule.tp_needs_sequence_parallel:
+        return "sequence_parallel", f"{name} runs MoE blocks with tp > 1 only with sequence_parallel on"
     stage_ranks = plan.dp * plan.cp * plan.tp
     if stage_ranks % (plan.ep * plan.expert_tp):
         folded = plan.ep * plan.expert_tp

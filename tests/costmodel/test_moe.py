@@ -347,3 +347,20 @@ def test_the_expert_and_dense_reductions_share_one_backward():
     together = exposed_comm_s(in_series(dense, experts), table, fwd, bwd)
     assert float(apart[0]) == 0.0
     assert float(together[0]) == pytest.approx(4 * 0.3)
+
+
+def test_the_all_to_all_overlap_needs_a_second_micro_batch_to_pair_with():
+    """Megatron's 1F1B all-to-all overlap runs one micro-batch's forward beside another's backward: at
+    grad_accum 1 there is none, so nothing hides; at 4, the first forward and last backward stay exposed."""
+    qwen = load_model("qwen3-30b-a3b")
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
+
+    def ep_s(grad_accum: int, overlap: bool) -> float:
+        plan = Plan(engine="megatron", dp=64, ep=16, zero_stage=1, micro_batch=8 // grad_accum,
+                    grad_accum=grad_accum, recompute="full", ep_comm_overlap=overlap)  # fmt: skip
+        work = Workload(seq_len=4096, global_batch_sequences=512, tokens_to_train=1e9)
+        return estimate(qwen, cluster, plan, work).time_breakdown_s.ep_comm
+
+    assert ep_s(1, True) == pytest.approx(ep_s(1, False))  # alone: nothing to hide behind
+    exposed, plain = ep_s(4, True), ep_s(4, False)
+    assert plain / 4 < exposed < plain  # a quarter stays exposed, the rest mostly hides

@@ -82,3 +82,21 @@ def test_proxy_keeps_a_moe_block_and_scales_expert_width() -> None:
     )
     proxy = m.scaled(num_layers=2, hidden_scale=8)
     assert proxy.num_moe_layers == 1 and proxy.moe.expert_ffn_hidden_size == 14336 // 8
+
+
+def test_megatron_runs_moe_with_tp_only_with_sequence_parallel():
+    """Megatron-LM's arguments.py: 'When using MoE and tensor parallelism, sequence parallelism must be
+    used'; the enumeration drops such plans as plan_problem refuses them."""
+    from service.catalog import load_model
+    from service.spec import Plan
+    from service.spec.plan_checks import plan_problem
+
+    qwen = load_model("qwen3-30b-a3b")
+    plan = Plan(engine="megatron", dp=4, tp=2, ep=4, micro_batch=1, zero_stage=1)
+    assert plan_problem(plan, qwen) == (
+        "sequence_parallel",
+        "megatron runs MoE blocks with tp > 1 only with sequence_parallel on",
+    )
+    assert plan_problem(plan.model_copy(update={"sequence_parallel": True}), qwen) is None
+    dense = Plan(engine="megatron", dp=4, tp=2, micro_batch=1, zero_stage=1)
+    assert plan_problem(dense, load_model("llama2-7b")) is None  # a dense model's blocks: no such rule
