@@ -40,8 +40,11 @@ def _faster_families(r: RunResult) -> list[Block]:
     if not faster:
         return []
     ties = set(r.ties.members) if r.ties else set()
-    tied = [str(f.ep) for f in faster if f.label in ties]
-    lost = [str(f.ep) for f in faster if f.label not in ties]
+    # A faster plan of the choice's own EP degree is another plan of that degree, not the choice.
+    degree = {f.label: f"{f.ep} (another plan of the choice's own degree)" if f.ep == x.ep else str(f.ep)
+              for f in faster}  # fmt: skip
+    tied = [degree[f.label] for f in faster if f.label in ties]
+    lost = [degree[f.label] for f in faster if f.label not in ties]
     out: list[Block] = []
     if tied:
         out.append(
