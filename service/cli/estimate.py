@@ -132,6 +132,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Fused norm/rotary/SwiGLU kernels (Apex, TE, Liger, torch.compile); default: eager HF modules.",
     )
     a(
+        "--grad-reduce-in-fp32",
+        action="store_true",
+        help="A megatron plan keeps and reduces fp32 gradients (Megatron-LM's bf16 default; "
+        "Workload.grad_reduce_in_fp32); default: bf16, as NVIDIA's performance recipes run.",
+    )
+    a(
         "--fused-cross-entropy",
         action="store_true",
         help="The loss keeps no logits (Liger's fused linear cross-entropy); default: materialised logits.",
@@ -240,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         "selective_recompute": workload.selective_recompute,
         "recompute_modules": list(workload.recompute_modules),
         "moe_dispatcher": workload.moe_dispatcher,
+        "grad_reduce_in_fp32": workload.grad_reduce_in_fp32,
         "memory_headroom": args.headroom,
     }
     if model.moe is not None:

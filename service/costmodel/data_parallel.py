@@ -126,6 +126,7 @@ def zero_traffic(
     net: comm.Links,
     per_tensor_lists: bool = False,
     whole: ModelSpec | None = None,
+    fp32_grads: bool = False,
 ) -> ZeroTraffic:
     """What one optimizer step of the plan's data-parallel sharding moves and how (`ZeroTraffic`), which
     `exposed_comm_s`, `exposed_offload_s` and `optimizer_step_s` price.
@@ -156,7 +157,7 @@ def zero_traffic(
     overlapped (see `unhidden` below).
     """
     gpn = cluster.gpus_per_node
-    pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    pb, gb, _ = mem.plan_state_bytes(p, fp32_grads)
     # `model` is a MoE model's dense view (of `whole`): each stage moves its own dense blocks and shared
     # experts, not the view's mean MLP (costmodel/moe.py `stage_params_per_gpu`).
     if whole is not None and whole.moe is not None:

@@ -64,13 +64,15 @@ def traffic(
     gpus_per_node: int,
     gpu: GPUSpec,
     links: comm.Links,
+    fp32_grads: bool = False,
 ) -> ZeroTraffic | None:
     """The collectives of the experts of a stage's `moe_blocks` (`expert_gradient_traffic`), which run
-    in series with the dense slice's (data_parallel.in_series); None for a dense model."""
+    in series with the dense slice's (data_parallel.in_series); None for a dense model. `fp32_grads`:
+    Workload.grad_reduce_in_fp32."""
     if model.moe is None:
         return None
     psi = expert_params_per_gpu(model, moe_blocks, p)
-    pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    pb, gb, _ = mem.plan_state_bytes(p, fp32_grads)
     return expert_gradient_traffic(psi, p, gb, pb, gpus_per_node, gpu, links)
 
 

@@ -11,10 +11,11 @@ import numpy as np
 
 from service.costmodel.types import Num, on_distinct
 from service.spec.model import ModelSpec
-from service.spec.plan_table import engine_table
+from service.spec.plan_table import PlanTable, engine_table
 from service.spec.zero import ZeroKnobs
 
 FP32, BF16_FP16 = 4, 2
+PRECISION_BF16 = 0  # index of "bf16" in PRECISION_CODES
 PRECISION_FP32 = 2  # index of "fp32" in PRECISION_CODES
 PRECISION_FP8 = 3  # index of "fp8" in PRECISION_CODES
 
@@ -37,6 +38,21 @@ def state_bytes_per_param(precision: Num, zero_stage: Num) -> tuple[np.ndarray, 
     param = np.where(fp32, FP32, BF16_FP16)
     optimizer = np.where(fp32 & (zero_stage == 0), 8, 12)
     return param, param.copy(), optimizer
+
+
+def plan_state_bytes(p: PlanTable, grad_reduce_in_fp32: bool = False) -> tuple[np.ndarray, ...]:
+    """`state_bytes_per_param` for each plan's engine: with `grad_reduce_in_fp32`
+    (Workload.grad_reduce_in_fp32), an engine that keeps fp32 main grads (the engine table's
+    `fp32_main_grads`, with its source: Megatron-Core) holds and reduces 4 bytes per gradient in
+    bf16/fp8 mixed precision instead of 2."""
+    param, grad, optimizer = state_bytes_per_param(p.precision, p.zero_stage)
+    if not grad_reduce_in_fp32:
+        return param, grad, optimizer
+    # bf16 and fp8 plans (fp16 ones accumulate in fp16 unless told; fp32 ones already hold 4 bytes)
+    fp32_grads = p.engine_column("fp32_main_grads") & (
+        (p.precision == PRECISION_BF16) | (p.precision == PRECISION_FP8)
+    )
+    return param, np.where(fp32_grads, FP32, grad), optimizer
 
 
 def zero_sharded_bytes(

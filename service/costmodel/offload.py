@@ -196,7 +196,7 @@ def offload_time_s(
     micro-batch for stages 2-3 (stage 3: gathers and reductions behind forward and backward; stage 2:
     reductions behind backward) and the step's one reducing backward for stage 1; `compute_s` = 0 where
     collectives are not overlapped."""
-    pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)
+    pb, gb, _ = mem.state_bytes_per_param(p.precision, p.zero_stage)  # no offload on fp32-grad engines
     ga = p.grad_accum
     behind = np.zeros(len(p))
     serial = np.zeros(len(p))

@@ -47,9 +47,12 @@ class StageMemoryTerms:
         )
 
 
-def model_states(model: ModelSpec, p: PlanTable, psi: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(params, grads, optimizer) on the GPU and bytes moved to the host, for Ψ = `psi` params."""
-    pb, gb, ob = mem.state_bytes_per_param(p.precision, p.zero_stage)
+def model_states(
+    model: ModelSpec, p: PlanTable, psi: np.ndarray, fp32_grads: bool = False
+) -> tuple[np.ndarray, ...]:
+    """(params, grads, optimizer) on the GPU and bytes moved to the host, for Ψ = `psi` params
+    (`fp32_grads`: Workload.grad_reduce_in_fp32)."""
+    pb, gb, ob = mem.plan_state_bytes(p, fp32_grads)
     shards = hz.shard_ranks(p)  # dp·cp ranks, or the plan's shard group (costmodel/hierarchical_zero.py)
     params, grads, optimizer = mem.zero_sharded_bytes(psi, shards, p.zero_stage, pb, gb, ob)
     persistent = mem.zero3_persistent_params(model, p.tp, p.pp, p.virtual_stages)
@@ -165,7 +168,7 @@ def stage_memory_terms(
         first,
         (last_psi, last_layers, last_moe, 1, True),
     ):
-        params, grads, optimizer, cpu = model_states(model, p, psi)
+        params, grads, optimizer, cpu = model_states(model, p, psi, workload.grad_reduce_in_fp32)
         logits = np.where(is_last, tokens * logits_per_token, 0.0)
         transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split, fused_loss)
         transient = transient + mem.fused_loss_buffer_bytes(model, d, fused_loss)
@@ -184,7 +187,7 @@ def stage_memory_terms(
         # largest parameter, the embedding (stage_1_and_2.py `temp_grad_buffer_for_gpu_offload`).
         offload_staging = p.offload_optimizer & (p.zero_stage >= 1) & (p.zero_stage <= 2)
         buffers = buffers + np.where(offload_staging, pb * model.vocab_size * model.hidden_size, 0.0)
-        state_bytes = mem.state_bytes_per_param(p.precision, p.zero_stage)
+        state_bytes = mem.plan_state_bytes(p, workload.grad_reduce_in_fp32)
         x = moe.stage_memory(
             whole, p, workload.seq_len, moe_blocks, micro_batches, d, load, state_bytes, modules
         )

@@ -191,10 +191,11 @@ def step_time_terms(
     bubble = (p.pp - 1) / v * slot
 
     legacy_lists = workload.zero3_collectives == "per_tensor_lists"
-    zero = data_parallel.zero_traffic(model, cluster, p, gpu, net, legacy_lists, whole)
+    fp32_grads = workload.grad_reduce_in_fp32
+    zero = data_parallel.zero_traffic(model, cluster, p, gpu, net, legacy_lists, whole, fp32_grads)
     # A MoE model's expert gradients reduce over their own group, in series with the dense ones in the
     # same windows; offload moves both slices' states, CPU Adam steps both.
-    expert_traffic = expert_sync.traffic(whole, p, moe_blocks, gpn, gpu, net)
+    expert_traffic = expert_sync.traffic(whole, p, moe_blocks, gpn, gpu, net, fp32_grads)
     window = zero if expert_traffic is None else data_parallel.in_series(zero, expert_traffic)
     slices = [offload.dense_slice(model, p, zero.psi)]
     if expert_traffic is not None:

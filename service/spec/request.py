@@ -91,6 +91,7 @@ class PlanRequest(BaseModel):
     selective_recompute: SelectiveRecompute = "attention_block"
     recompute_modules: tuple[RecomputeModule, ...] = MEGATRON_DEFAULT_RECOMPUTE_MODULES
     moe_dispatcher: MoEDispatcher = "alltoall"
+    grad_reduce_in_fp32: bool = False
     moe_load_imbalance: float | None = None
     headroom: float = DEFAULT_HEADROOM
 
@@ -195,6 +196,7 @@ class PlanRequest(BaseModel):
             selective_recompute=self.selective_recompute,
             recompute_modules=self.recompute_modules,
             moe_dispatcher=self.moe_dispatcher,
+            grad_reduce_in_fp32=self.grad_reduce_in_fp32,
         )
         if self.moe_load_imbalance is not None:
             data["moe_load_imbalance"] = self.moe_load_imbalance
@@ -205,6 +207,7 @@ class PlanRequest(BaseModel):
         megatron_only = {
             "recompute_modules": set(self.recompute_modules) != set(MEGATRON_DEFAULT_RECOMPUTE_MODULES),
             "moe_dispatcher": self.moe_dispatcher != "alltoall",
+            "grad_reduce_in_fp32": self.grad_reduce_in_fp32,
         }
         for field, given in megatron_only.items():
             if given and self.engine != "megatron":

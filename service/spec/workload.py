@@ -77,6 +77,14 @@ class Workload(BaseModel):
         "same matmuls, so the time is unchanged. This service's proxies and its `train` compute the loss "
         "from materialised logits: `train` refuses it (use your own script, launch.sh).",
     )
+    grad_reduce_in_fp32: bool = Field(
+        False,
+        description="A Megatron-Core plan in bf16/fp8 keeps its gradients in an fp32 main_grad buffer and "
+        "reduces them in fp32: 4 bytes per parameter, not 2, and twice the gradient traffic. Megatron-LM's "
+        "own bf16 default (arguments.py accumulate_allreduce_grads_in_fp32) and NeMo's / Megatron-Bridge's "
+        "bf16_mixed recipes; false = NVIDIA's performance recipes, the published runs this is fit on (NeMo "
+        "scripts/performance/helpers.py sets grad_reduce_in_fp32 False). Other engines: no effect.",
+    )
     overlap_comm: bool = Field(
         True,
         description="Data-parallel collectives run behind compute (DeepSpeed `overlap_comm`, FSDP's "

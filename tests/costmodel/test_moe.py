@@ -364,3 +364,27 @@ def test_the_all_to_all_overlap_needs_a_second_micro_batch_to_pair_with():
     assert ep_s(1, True) == pytest.approx(ep_s(1, False))  # alone: nothing to hide behind
     exposed, plain = ep_s(4, True), ep_s(4, False)
     assert plain / 4 < exposed < plain  # a quarter stays exposed, the rest mostly hides
+
+
+def test_fp32_main_grads_double_a_megatron_plans_gradients_and_their_traffic():
+    """Workload.grad_reduce_in_fp32 (Megatron-LM's bf16 default): 4-byte gradients in memory, the expert
+    slice's too, and in the reduction; NVIDIA's performance recipes (the default) keep them in bf16. Other
+    engines keep their 16-bit gradients either way."""
+    qwen = load_model("qwen3-30b-a3b")
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=8)
+    work = Workload(seq_len=4096, global_batch_sequences=512, tokens_to_train=1e9)
+    plan = Plan(engine="megatron", dp=64, ep=8, zero_stage=1, micro_batch=1, grad_accum=8, comm_overlap=True)
+    bf16, fp32 = (
+        estimate(qwen, cluster, plan, work.model_copy(update={"grad_reduce_in_fp32": on}))
+        for on in (False, True)
+    )
+    assert fp32.memory_per_gpu_bytes.grads == pytest.approx(2 * bf16.memory_per_gpu_bytes.grads)
+    assert fp32.memory_per_gpu_bytes.experts > bf16.memory_per_gpu_bytes.experts
+    assert fp32.time_breakdown_s.dp_comm > bf16.time_breakdown_s.dp_comm
+    deepspeed = Plan(dp=64, zero_stage=1, micro_batch=1, grad_accum=8)
+    llama = load_model("llama2-7b")
+    same = [
+        estimate(llama, cluster, deepspeed, work.model_copy(update={"grad_reduce_in_fp32": on}))
+        for on in (0, 1)
+    ]
+    assert same[0].memory_per_gpu_bytes.total == same[1].memory_per_gpu_bytes.total
