@@ -29,7 +29,7 @@ from service.plans.enumerate import (
     outside_space,
 )
 from service.plans.pages import with_ordinary_pages
-from service.plans.select import GIB, STATUSES, Selection, objective_order, select_plan
+from service.plans.select import GIB, STATUSES, Selection, objective_order, select_plan, tie_resolution
 from service.spec import (
     Budget,
     ClusterSpec,
@@ -150,21 +150,6 @@ def rank_plans(
         tie_resolution(estimates.params, model, cluster, workload, enumeration.plans),
     )
     return Ranking(enumeration, estimates, selection, raw.hours)
-
-
-def tie_resolution(
-    params: ModelParams, model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans: PlanTable
-) -> np.ndarray:
-    """Per plan, the log ratio within which plans tie with it: the set's offset-free scatter (how far two
-    runs of one stack are mispredicted relative to each other), widened as the plan's interval is for a
-    software stack the fit never saw on this GPU (`ModelParams.stack_widening`): nothing measured the
-    relative error of that stack's plans."""
-    from service.spec.stack import plan_stacks
-
-    legacy = workload.zero3_collectives == "per_tensor_lists"
-    stacks = plan_stacks(plans, legacy, model.moe is not None) if params.domain.stacks else None
-    widening = 1.0 + np.asarray(params.stack_widening(stacks, cluster.gpu.name), dtype=float)
-    return np.broadcast_to(params.residuals.scatter * widening, (len(plans),))
 
 
 @dataclass(frozen=True)

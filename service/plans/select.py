@@ -28,9 +28,12 @@ import numpy as np
 
 from service.costmodel.result import EstimateTable
 from service.plans.risk import Risk, risk_of
+from service.spec.hardware import ClusterSpec
+from service.spec.model import ModelSpec
+from service.spec.params import ModelParams
 from service.spec.plan_table import PlanTable
 from service.spec.units import GIB
-from service.spec.workload import Budget
+from service.spec.workload import Budget, Workload
 
 STATUSES: tuple[str, ...] = (
     "selected", "over memory", "over budget", "over deadline", "slower", "costlier", "tied", "riskier"
@@ -102,6 +105,21 @@ def objective_values(est: EstimateTable, objective: str) -> np.ndarray:
     hours × its price, the same ratios, and still defined when the price is 0) or 1 / tokens/s
     (throughput)."""
     return est.hours if objective == "cost" else 1.0 / np.maximum(est.tokens_per_s, 1e-300)
+
+
+def tie_resolution(
+    params: ModelParams, model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans: PlanTable
+) -> np.ndarray:
+    """Per plan, the log ratio within which plans tie with it: the set's offset-free scatter (how far two
+    runs of one stack are mispredicted relative to each other), widened as the plan's interval is for a
+    software stack the fit never saw on this GPU (`ModelParams.stack_widening`): nothing measured the
+    relative error of that stack's plans."""
+    from service.spec.stack import plan_stacks
+
+    legacy = workload.zero3_collectives == "per_tensor_lists"
+    stacks = plan_stacks(plans, legacy, model.moe is not None) if params.domain.stacks else None
+    widening = 1.0 + np.asarray(params.stack_widening(stacks, cluster.gpu.name), dtype=float)
+    return np.broadcast_to(params.residuals.scatter * widening, (len(plans),))
 
 
 def tie_group(est: EstimateTable, feasible: np.ndarray, objective: str, resolution: float) -> np.ndarray:
