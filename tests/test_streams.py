@@ -23,6 +23,7 @@ def test_every_test_file_is_in_one_of_two_streams() -> None:
         "search/test_hang_trial.py",
         "preflight/test_preflight_ray.py",
         "preflight/test_verdict.py",
+        "preflight/test_first_hour.py",
         "cli/test_search.py",
         "calibrate/test_crossval.py",
         "plans/test_enumerate.py",
