@@ -127,6 +127,14 @@ def prediction(est: Estimate, num_gpus: int, target: float) -> dict[str, Any]:
     }
 
 
+def exposed_per_step_s(grad_accum: int, a2a_s: float, compute_s: float, contention: float) -> float:
+    """A step's exposed all-to-all as the plan's 1F1B overlap prices it (costmodel/step_time.py): each
+    micro-batch's exchange behind another's compute; the first forward and the last backward unpaired."""
+    paired = (grad_accum - 1) / grad_accum
+    hidden = float(comm.overlapped_exposed_s(a2a_s, compute_s, contention))
+    return grad_accum * (paired * hidden + (1 - paired) * a2a_s)
+
+
 def all_to_all_per_micro_batch(
     model: ModelSpec, cluster: ClusterSpec, workload: Workload, est: Estimate, params: ModelParams
 ) -> dict[str, float]:
@@ -144,7 +152,7 @@ def all_to_all_per_micro_batch(
     a2a = 2.0 * float(one_pass[0]) * moe_layers  # forward and backward
     compute = est.time_breakdown_s.compute / est.plan.grad_accum
     contention = params["overlap_contention"]
-    exposed = est.plan.grad_accum * float(comm.overlapped_exposed_s(a2a, compute, contention))
+    exposed = exposed_per_step_s(est.plan.grad_accum, a2a, compute, contention)
     return {
         "moe_layers_on_busiest_stage": moe_layers, "load_factor": float(load[0]),
         "all_to_all_efficiency": nic, "all_to_all_s": a2a, "compute_s": compute,
@@ -274,7 +282,7 @@ def what_it_would_take(
     then costing nothing more; the lower end does not."""
     t, ga = est.time_breakdown_s, est.plan.grad_accum
     exchange, compute = node_limited["all_to_all_s"], a2a["compute_s"]
-    contended = ga * float(comm.overlapped_exposed_s(exchange, compute, a2a["overlap_contention"]))
+    contended = exposed_per_step_s(ga, exchange, compute, a2a["overlap_contention"])
     changes = {
         "all_to_all_s": contended - t.ep_comm,
         "dualpipe_bubble_s": bubble["change_s"],
@@ -300,8 +308,8 @@ def score(params_path: str | None = None) -> dict[str, Any]:
     limited = node_limited_all_to_all(model, workload, a2a["moe_layers_on_busiest_stage"], a2a["load_factor"])
     limited["communication_over_computation"] = limited["all_to_all_s"] / a2a["compute_s"]
     # At the report's own ratio (§3.2.1, "approximately 1:1"), overlapped as the plan prices it.
-    at_one = est.plan.grad_accum * float(
-        comm.overlapped_exposed_s(a2a["compute_s"], a2a["compute_s"], a2a["overlap_contention"])
+    at_one = exposed_per_step_s(
+        est.plan.grad_accum, a2a["compute_s"], a2a["compute_s"], a2a["overlap_contention"]
     )
     a2a["exposed_per_step_s_at_report_ratio"] = at_one
     bubble = dualpipe_bubble_s(est)

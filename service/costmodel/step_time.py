@@ -188,7 +188,10 @@ def step_time_terms(
     hidden_a2a = paired * comm.overlapped_exposed_s(a2a, fwd + bwd, contention) + (1 - paired) * a2a
     ep_mb = np.where(p.ep_comm_overlap, hidden_a2a, a2a)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
-    bubble = (p.pp - 1) / v * slot
+    # With fewer micro-batches than stages a chunk's round trip takes pp chunk slots of which only ga are
+    # busy, so interleaving cuts nothing (torch's flex interleaved schedule runs such plans; Megatron
+    # refuses them, service/spec/plan_checks.py): the plain 1F1B bubble.
+    bubble = (p.pp - 1) / np.where(p.grad_accum >= p.pp, v, 1) * slot
 
     legacy_lists = workload.zero3_collectives == "per_tensor_lists"
     fp32_grads = workload.grad_reduce_in_fp32

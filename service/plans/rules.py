@@ -66,6 +66,7 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("hpZ group does not divide gpus_per_node", "zero_hpz_partition_size", "must divide gpus_per_node"),
     ("global batch does not split", "grad_accum", "but the global batch is"),
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
+    ("interleaved schedule with fewer micro-batches than pp", "grad_accum", "needs at least pp"),
 )
 VALID = 0
 # Codes 1-22 are about combining choices (what an engine supports), never about the model, cluster or
@@ -180,11 +181,12 @@ def problem_codes(
         rules.append(gpus_per_node % p.zero_hpz_partition_size != 0)
     else:
         rules += [none, none, none, none]
-    if workload is not None:
+    if workload is not None:  # with the batch: a structure's grad_accum is a placeholder
         rules.append(_batch_refused(p.micro_batch, p.grad_accum, p.dp, workload))
         rules.append(_seq_split_refused(p, workload))
+        rules.append(_interleave_refused(p.virtual_stages, p.pp, p.engine, p.grad_accum))
     else:
-        rules += [none, none]
+        rules += [none, none, none]
     return np.select(rules, list(range(1, len(rules) + 1)), default=VALID).astype(np.int8)
 
 
@@ -198,6 +200,7 @@ EXPANSION_CODES = (
     _code("fp8 on a GPU without FP8"),
     _code("global batch does not split"),
     _code("seq_len does not split into cp chunks"),
+    _code("interleaved schedule with fewer micro-batches than pp"),
 )
 
 
@@ -218,6 +221,9 @@ def expansion_codes(
         _fp8_refused(precision, cluster),
         _batch_refused(micro_batch, grad_accum, structures.dp[row], workload),
         _seq_split_refused(structures, workload)[row],
+        _interleave_refused(
+            structures.virtual_stages[row], structures.pp[row], structures.engine[row], grad_accum
+        ),
     ]
     return np.select(rules, list(EXPANSION_CODES), default=VALID).astype(np.int8)
 
@@ -230,6 +236,14 @@ def _batch_refused(
     micro_batch: np.ndarray, grad_accum: np.ndarray, dp: np.ndarray, workload: Workload
 ) -> np.ndarray:
     return micro_batch * grad_accum * dp != workload.batch_sequences
+
+
+def _interleave_refused(
+    v: np.ndarray, pp: np.ndarray, engine: np.ndarray, grad_accum: np.ndarray
+) -> np.ndarray:
+    """An interleaved plan whose engine needs at least pp micro-batches, with fewer."""
+    needs = np.array([engine_rules(e).interleaved_needs_pp_microbatches for e in ENGINE_CODES])
+    return (v > 1) & needs[engine] & (grad_accum < pp)
 
 
 def _seq_split_refused(p: PlanTable, workload: Workload) -> np.ndarray:

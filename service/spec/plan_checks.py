@@ -108,6 +108,13 @@ def plan_problem(
     chunks = plan.cp * rule.seq_chunks_per_rank
     if workload is not None and plan.cp > 1 and workload.seq_len % chunks:
         return "cp", f"seq_len {workload.seq_len} does not split into {chunks} {rule.style} chunks"
+    needs = engine_rules(plan.engine).interleaved_needs_pp_microbatches
+    if workload is not None and plan.virtual_stages > 1 and needs and plan.grad_accum < plan.pp:
+        return (
+            "grad_accum",
+            f"{plan.engine}'s interleaved schedule needs at least pp {plan.pp} micro-batches: "
+            f"grad_accum {plan.grad_accum}",
+        )
     return None
 
 

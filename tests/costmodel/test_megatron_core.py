@@ -197,3 +197,33 @@ def test_megatron_selective_recompute_keeps_q_k_v_and_drops_only_the_log_sum_exp
     none = mem.te_layer_bytes_per_token(LLAMA70, 4, True, np.array(0), 2, bf16)
     selective = mem.te_layer_bytes_per_token(LLAMA70, 4, True, np.array(1), 2, bf16)
     assert none - selective == pytest.approx(4 * 64 / 4)
+
+
+def test_interleaving_needs_at_least_pp_micro_batches():
+    """Megatron's interleaved schedule needs at least pp micro-batches: fewer is refused. torch's flex
+    schedule (fsdp) runs fewer than pp, but then a chunk's round trip is pp slots of which only
+    grad_accum are busy: the bubble is the plain 1F1B one."""
+    from service.spec.plan_checks import plan_problem
+
+    llama = load_model("llama2-13b")
+    cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
+    plan = Plan(
+        engine="megatron", dp=4, tp=1, pp=8, virtual_stages=5, zero_stage=1, micro_batch=1, grad_accum=4
+    )
+    work = Workload(seq_len=4096, global_batch_sequences=16, tokens_to_train=1e9)
+    problem = plan_problem(plan, llama, cluster, work)
+    assert (
+        problem is not None
+        and problem[0] == "grad_accum"
+        and "needs at least pp 8 micro-batches" in problem[1]
+    )
+    sixteen = plan.model_copy(update={"grad_accum": 16})
+    assert (
+        plan_problem(sixteen, llama, cluster, work.model_copy(update={"global_batch_sequences": 64})) is None
+    )
+    fsdp = Plan(engine="fsdp", dp=4, pp=8, zero_stage=0, micro_batch=1, grad_accum=4)
+    plain, interleaved = (
+        estimate(llama, cluster, fsdp.model_copy(update={"virtual_stages": v}), work).time_breakdown_s.bubble
+        for v in (1, 5)
+    )
+    assert interleaved == pytest.approx(plain, rel=0.05)  # not a fifth of it

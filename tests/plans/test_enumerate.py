@@ -138,7 +138,14 @@ def test_vectorised_filter_agrees_on_random_tables_without_cluster_or_workload()
     )  # fmt: skip
     grid = _zero3_grid()
     fp8 = dataclasses.replace(grid, precision=np.full(len(grid), PRECISION_CODES.index("fp8")))
-    table = concat([table, grid, fp8])
+    # megatron's interleaved 1F1B with one micro-batch of a 12-sequence batch over dp 3: fewer than pp 2
+    interleaved = PlanTable.from_columns(
+        dp=np.array([3]), tp=np.array([1]), pp=np.array([2]), zero_stage=np.array([1]),
+        offload_optimizer=np.array([False]), offload_params=np.array([False]), micro_batch=np.array([4]),
+        grad_accum=np.array([1]), recompute=np.array([0]), sequence_parallel=np.array([False]),
+        precision=np.array([0]), engine=np.array([2]), virtual_stages=np.array([2]),
+    )  # fmt: skip
+    table = concat([table, grid, fp8, interleaved])
     n = len(table)
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2, gpus_per_node=3)  # tp 2 divides 6, not 3
     workload = Workload(seq_len=130, global_batch_sequences=12, tokens_to_train=1e6)  # cp 4 does not split it
