@@ -246,8 +246,9 @@ class ProductionRun:
         from service.train.weights import EXPORT_DIR, FineTune
 
         if self.weights is None:
+            self._check_identity(run_dir, {})
             return None
-        data_dir = None
+        data_dir, packed = None, None
         if self.data is not None:
             packed = hf_data.prepare(
                 self.data,
@@ -259,6 +260,10 @@ class ProductionRun:
                 text_field=self.text_field,
                 rows=self._rows,
             )
+        from service.train.run_identity import run_identity
+
+        self._check_identity(run_dir, run_identity(self.weights, packed))
+        if packed is not None:
             data_dir = str(hf_data.write(packed, run_dir / "data"))
         return FineTune(
             weights=self.weights,
@@ -266,6 +271,11 @@ class ProductionRun:
             eval_every=self.eval_every,
             export_dir=str(run_dir / EXPORT_DIR),
         )
+
+    def _check_identity(self, run_dir: Path, identity: dict[str, str]) -> None:
+        from service.train.run_identity import check_identity
+
+        check_identity(run_dir, {"plan": self.plan.short(), "init": self.weights or "random", **identity})
 
     def _young_daly_steps(self) -> int:
         """Steps between checkpoints when none is asked for: Young's interval (the memo's goodput

@@ -152,6 +152,9 @@ def pipeline_logits(engine: Any, input_ids: torch.Tensor) -> torch.Tensor | None
 
     rows = engine.train_micro_batch_size_per_gpu()
     batch = input_ids[:1].expand(rows, -1).contiguous().to(engine.device)
+    # eval_batch adds each micro-batch's "loss" (here the logits: compute_loss=False) to the engine's running
+    # total, which only train_batch resets: after an evaluation it is a scalar, and the add fails.
+    engine.total_loss = engine.total_additional_losses = None
     _, outputs = engine.eval_batch(
         iter([(batch, batch)]),
         return_logits=True,
