@@ -15,7 +15,9 @@ from service.spec.model import ModelSpec
 from service.spec.plan import Plan
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+# A tokenizer's vocabulary: tokenizer_config.json alone names a class, and transformers then builds an
+# empty tokenizer from it that turns every row into one end-of-sequence token.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 # ModelSpec field → the Hugging Face config.json key that holds it.
 CONFIG_FIELDS = {
@@ -59,7 +61,7 @@ def read_config(weights: str | Path) -> dict[str, Any]:
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise SpecError("--weights", f"{folder} has no model.safetensors (nor model.safetensors.index.json)")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise SpecError("--weights", f"{folder} has no tokenizer file ({' or '.join(TOKENIZER_FILES)})")
+        raise SpecError("--weights", f"{folder} has no tokenizer vocabulary ({' or '.join(TOKENIZER_FILES)})")
     try:
         config: dict[str, Any] = json.loads(config_path.read_text())
     except (OSError, ValueError) as err:

@@ -65,6 +65,9 @@ def load_rows(data: str, text_field: str = "text") -> tuple[Any, str]:
 
     files = data_files(data)
     builder = BUILDERS[Path(files[0]).suffix]
+    if builder == "json":  # datasets decodes lazily: a bad byte would surface mid-run, as a traceback
+        for file in files:
+            _check_utf8(Path(file))
     cache = tempfile.mkdtemp(prefix="service-datasets-")
     try:
         datasets.disable_progress_bars()
@@ -84,6 +87,25 @@ def load_rows(data: str, text_field: str = "text") -> tuple[Any, str]:
             f"the dataset has no {text_field!r} field (nor prompt/completion pairs); its fields: {columns}",
         )
     return rows, "text"
+
+
+def _check_utf8(path: Path, chunk: int = 1 << 20) -> None:
+    """A JSON(-lines) data file is UTF-8 text; else one line naming the file and the first bad byte."""
+    import codecs
+
+    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as err:
+                bad, at = block[err.start], offset + err.start
+                raise SpecError("--data", f"{path}: not UTF-8 (byte 0x{bad:02x} at {at})") from None
+            offset += len(block)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise SpecError("--data", f"{path}: not UTF-8 (it ends inside a character)") from None
 
 
 def _as_text(value: Any, field: str, row: int) -> str:
@@ -169,6 +191,13 @@ def prepare(
     except Exception as err:
         raise SpecError("--weights", f"cannot load the tokenizer of {tokenizer_dir}: {err}") from None
     ids, labels = tokenize(dataset, kind, tokenizer, text_field)
+    eos = tokenizer.eos_token_id
+    if ids.size and not (ids != eos).any():  # every row tokenised to nothing
+        raise SpecError(
+            "--weights",
+            f"the tokenizer of {tokenizer_dir} turns the data into end-of-sequence tokens only "
+            f"({len(tokenizer)} tokens in its vocabulary): not this model's, or its vocabulary is missing",
+        )
     return pack(ids, labels, seq_len, seed, eval_fraction, vocab_size)
 
 

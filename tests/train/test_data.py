@@ -56,3 +56,27 @@ def test_large_vocabularies_use_uint32(tmp_path):
     path = write_token_file(tmp_path / "big.bin", np.array([70000, 1, 2, 3]), vocab_size=100000)
     assert path.stat().st_size == 16
     assert TokenFile(path, 100000, 2).sample(0).tolist() == [70000, 1]
+
+
+def test_a_tokenizer_that_makes_nothing_of_the_data_is_refused(tmp_path, monkeypatch):
+    """A checkpoint folder whose tokenizer files were lost gets an empty tokenizer from transformers:
+    every row becomes one end-of-sequence token, a fine-tune on nothing."""
+    import transformers
+
+    from service.spec.errors import SpecError
+    from service.train import hf_data
+
+    class Empty:
+        eos_token_id = 2
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": []}
+
+        def __len__(self) -> int:
+            return 3
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Empty())
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"text": "w{i} w{i + 1}"}}\n' for i in range(20)))
+    with pytest.raises(SpecError, match="turns the data into end-of-sequence tokens only"):
+        hf_data.prepare(str(data), "ckpt", seq_len=8, seed=0, eval_fraction=0.1, vocab_size=64)

@@ -185,9 +185,21 @@ def test_config_mismatch_names_the_field_and_both_values(tmp_path):
 def test_missing_folder_config_weights_or_tokenizer(checkpoint, tmp_path):
     assert "no such checkpoint folder" in _refusal(tmp_path, weights=tmp_path / "nowhere")
     bare = save_checkpoint(tmp_path / "bare", tokenizer=False)
-    assert "has no tokenizer file" in _refusal(tmp_path, weights=bare)
+    assert "has no tokenizer vocabulary" in _refusal(tmp_path, weights=bare)
+    # a tokenizer_config.json alone names a class: transformers builds an empty tokenizer from it
+    (bare / "tokenizer_config.json").write_text('{"tokenizer_class": "LlamaTokenizer"}')
+    assert "has no tokenizer vocabulary (tokenizer.json or tokenizer.model or vocab.json)" in _refusal(
+        tmp_path, weights=bare
+    )
     (bare / "config.json").unlink()
     assert "has no config.json" in _refusal(tmp_path, weights=bare)
+
+
+def test_data_that_is_not_utf8_is_refused_before_anything_runs(checkpoint, tmp_path):
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(b'{"text": "w1 w2"}\n' * 50 + '{"text": "caf\u00e9 w1"}\n'.encode("latin-1"))
+    message = _refusal(tmp_path, weights=checkpoint, data=str(data))
+    assert message == f"--data: {data}: not UTF-8 (byte 0xe9 at {50 * 18 + 13})"  # 18 bytes a line
 
 
 def test_missing_field_and_too_long_sequences(checkpoint, tmp_path):
