@@ -31,7 +31,7 @@ import yaml
 from service.catalog import load_model
 from service.costmodel import comm, expert_exchange, moe
 from service.costmodel import memory as mem
-from service.costmodel.estimate import estimate
+from service.costmodel.estimate import estimate_table
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate
 from service.costmodel.step_time import effective_gpu, links
@@ -101,7 +101,10 @@ def price(
         moe_dispatcher="deepep",  # §3.2.2: once per remote node over IB, then NVLink (DeepEP's kernels)
     )  # fmt: skip
     plan = report_plan(batch // (dp * MICRO_BATCH), dp)
-    return model, cluster, workload, estimate(model, cluster, plan, workload, params=params)
+    # DualPipe is priced as Megatron's interleaved 1F1B, whose micro-batches go in groups of pp; DualPipe's
+    # own need no such grouping (120 micro-batches on 16 stages), so its plan is priced without that rule.
+    table = estimate_table(model, cluster, workload, PlanTable.from_plans([plan]), params=params)
+    return model, cluster, workload, Estimate.from_table(table, plan)
 
 
 def gpu_hours_per_trillion(tokens_per_s_per_gpu: float) -> float:

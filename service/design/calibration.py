@@ -132,7 +132,16 @@ def calibrate(
         if timed:
             from service.calibrate.crossval import domain_of
 
-            params = params.model_copy(update={"domain": domain_of(timed)})
+            # The scale is the proxies' own; the GPUs and stacks the fit has seen are the published ones
+            # and the proxies' together (the fit starts from, and is pulled towards, the published set).
+            ran, seen = domain_of(timed), params.domain
+            domain = ran.model_copy(
+                update={
+                    "gpu_types": sorted({*seen.gpu_types, *ran.gpu_types}),
+                    "stacks": sorted({*seen.stacks, *ran.stacks}),
+                }
+            )
+            params = params.model_copy(update={"domain": domain})
     before = {n: prior[n] for n in names}
     after = {n: params[n] for n in names}
     info = Calibration(

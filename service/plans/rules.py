@@ -66,7 +66,7 @@ INVALID_REASONS: tuple[tuple[str, str, str], ...] = (
     ("hpZ group does not divide gpus_per_node", "zero_hpz_partition_size", "must divide gpus_per_node"),
     ("global batch does not split", "grad_accum", "but the global batch is"),
     ("seq_len does not split into cp chunks", "cp", "does not split into"),
-    ("interleaved schedule with fewer micro-batches than pp", "grad_accum", "needs at least pp"),
+    ("interleaved schedule's micro-batches do not group", "grad_accum", "interleaved schedule"),
 )
 VALID = 0
 # Codes 1-22 are about combining choices (what an engine supports), never about the model, cluster or
@@ -200,7 +200,7 @@ EXPANSION_CODES = (
     _code("fp8 on a GPU without FP8"),
     _code("global batch does not split"),
     _code("seq_len does not split into cp chunks"),
-    _code("interleaved schedule with fewer micro-batches than pp"),
+    _code("interleaved schedule's micro-batches do not group"),
 )
 
 
@@ -241,9 +241,11 @@ def _batch_refused(
 def _interleave_refused(
     v: np.ndarray, pp: np.ndarray, engine: np.ndarray, grad_accum: np.ndarray
 ) -> np.ndarray:
-    """An interleaved plan whose engine needs at least pp micro-batches, with fewer."""
-    needs = np.array([engine_rules(e).interleaved_needs_pp_microbatches for e in ENGINE_CODES])
-    return (v > 1) & needs[engine] & (grad_accum < pp)
+    """An interleaved plan whose micro-batches do not group as its engine's schedule takes them."""
+    takes = np.array([engine_rules(e).interleaved_microbatches for e in ENGINE_CODES])[engine]
+    multiple = (takes == "multiple_of_pp") & (grad_accum % pp != 0)
+    rounds = (takes == "rounds_of_pp") & (grad_accum % np.maximum(1, grad_accum // pp) != 0)
+    return (v > 1) & (multiple | rounds)
 
 
 def _seq_split_refused(p: PlanTable, workload: Workload) -> np.ndarray:

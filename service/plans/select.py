@@ -139,7 +139,7 @@ def select_plan(
 ) -> Selection:
     """The lowest-risk plan among those within `resolution` of the best `budget.objective` that fit and
     meet the budget (the best itself when `resolution` is 0 and nothing ties it exactly). `resolution`:
-    one log ratio, or one per plan (planner.tie_resolution), of which the best plan's applies."""
+    one log ratio, or one per plan (`tie_resolution`), of which the best plan's applies."""
     status = _statuses(est, budget)
     rows = np.arange(len(est))
     risk = risk_of(plans, est)
@@ -148,7 +148,7 @@ def select_plan(
     if per_plan.ndim == 0:
         resolution = float(per_plan)
     else:
-        resolution = float(per_plan[feasible[0]]) if len(feasible) else float(per_plan.min(initial=0.0))
+        resolution = float(per_plan[feasible[0]]) if len(feasible) else float(per_plan.max(initial=0.0))
     over = (status == OVER_BUDGET) | (status == OVER_DEADLINE)
     others = objective_order(est, rows[over], budget.objective, risk.offloads)
     if len(feasible) == 0:

@@ -101,7 +101,9 @@ class EngineRules(BaseModel):
     transformer_engine: bool  # blocks built from Transformer Engine modules (saved tensors, fused attention)
     gradient_reduce: Literal["all_reduce", "reduce_scatter"]  # ZeRO 1-2's gradient collective
     fp32_main_grads: bool  # bf16/fp8 plans keep and reduce their gradients in fp32 (4 bytes, not 2)
-    interleaved_needs_pp_microbatches: bool  # the interleaved schedule needs grad_accum >= pp
+    # How an interleaved schedule takes its micro-batches (grad_accum, m): "multiple_of_pp" (m % pp == 0),
+    # "rounds_of_pp" (torch's: m % max(1, m // pp) == 0), or "none" (no interleaving).
+    interleaved_microbatches: Literal["multiple_of_pp", "rounds_of_pp", "none"]
     gather_buffers: bool  # separate bucket buffers for the gradient reduce and parameter gather
     block_sharding_from_stage: int | None = Field(ge=0, le=3)  # per-block gather/reduce from this stage
     tp_backward_overlap: bool  # input-gradient TP collective behind the weight-gradient GEMM

@@ -56,8 +56,8 @@ class Plan(BaseModel):
         1,
         gt=0,
         description="Model chunks per pipeline stage (interleaved 1F1B: Megatron-LM, torchtitan's FSDP "
-        "pipelines); DeepSpeed runs plain 1F1B (1). The bubble shrinks by this factor, pipeline traffic "
-        "grows by it.",
+        "pipelines); DeepSpeed runs plain 1F1B (1). The bubble shrinks by this factor (with at least pp "
+        "micro-batches), pipeline traffic grows by it.",
     )
     zero_stage: ZeroStage = Field(0, description="ZeRO stage: 1 shards optimizer, 2 +grads, 3 +params.")
     offload_optimizer: bool = Field(False, description="Optimizer states and step on CPU (ZeRO-Offload).")

@@ -108,13 +108,21 @@ def plan_problem(
     chunks = plan.cp * rule.seq_chunks_per_rank
     if workload is not None and plan.cp > 1 and workload.seq_len % chunks:
         return "cp", f"seq_len {workload.seq_len} does not split into {chunks} {rule.style} chunks"
-    needs = engine_rules(plan.engine).interleaved_needs_pp_microbatches
-    if workload is not None and plan.virtual_stages > 1 and needs and plan.grad_accum < plan.pp:
-        return (
-            "grad_accum",
-            f"{plan.engine}'s interleaved schedule needs at least pp {plan.pp} micro-batches: "
-            f"grad_accum {plan.grad_accum}",
-        )
+    takes, m, pp = engine_rules(plan.engine).interleaved_microbatches, plan.grad_accum, plan.pp
+    if workload is not None and plan.virtual_stages > 1:
+        if takes == "multiple_of_pp" and m % pp:
+            return (
+                "grad_accum",
+                f"{plan.engine}'s interleaved schedule takes micro-batches in groups of pp {pp}: "
+                f"grad_accum {m} is not a multiple",
+            )
+        if takes == "rounds_of_pp" and m % max(1, m // pp):
+            rounds = max(1, m // pp)
+            return (
+                "grad_accum",
+                f"{plan.engine}'s interleaved schedule runs grad_accum {m} in {rounds} rounds "
+                f"of pp {pp}: not a multiple of the rounds",
+            )
     return None
 
 

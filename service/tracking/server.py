@@ -48,6 +48,8 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as err:
+            if err.errno == errno.EACCES:  # a port below 1024 without root
+                raise RuntimeError(f"port {port} needs privileges: {err.strerror}") from None
             if err.errno != errno.EADDRINUSE:  # an address this machine does not have, a name
                 raise ValueError(f"cannot listen on {host} ({err.strerror or err})") from None
             raise RuntimeError(f"port {port} on {host} is taken ({err.strerror or err}): stop what listens "

@@ -96,10 +96,12 @@ def _check_utf8(path: Path, chunk: int = 1 << 20) -> None:
     decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
     with path.open("rb") as f:
         while block := f.read(chunk):
+            pending = decoder.getstate()[0]  # a character's first bytes, held back from the last block
             try:
                 decoder.decode(block)
-            except UnicodeDecodeError as err:
-                bad, at = block[err.start], offset + err.start
+            except UnicodeDecodeError as err:  # its positions count the held-back bytes first
+                data = pending + block
+                bad, at = data[err.start], offset - len(pending) + err.start
                 raise SpecError("--data", f"{path}: not UTF-8 (byte 0x{bad:02x} at {at})") from None
             offset += len(block)
     try:

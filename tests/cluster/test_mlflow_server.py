@@ -151,3 +151,29 @@ def test_an_address_this_machine_lacks_is_a_host_error_not_a_taken_port():
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --host: cannot listen on 10.255.255.1")
+
+
+def test_a_port_that_needs_privileges_is_a_port_error(monkeypatch):
+    import errno
+
+    from service.tracking import server
+
+    class Refusing:
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def setsockopt(self, *args):
+            pass
+
+        def bind(self, address):
+            raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(server.socket, "socket", Refusing)
+    with pytest.raises(RuntimeError, match="port 80 needs privileges: Permission denied"):
+        server.check_port_free("127.0.0.1", 80)

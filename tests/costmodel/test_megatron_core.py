@@ -199,28 +199,36 @@ def test_megatron_selective_recompute_keeps_q_k_v_and_drops_only_the_log_sum_exp
     assert none - selective == pytest.approx(4 * 64 / 4)
 
 
-def test_interleaving_needs_at_least_pp_micro_batches():
-    """Megatron's interleaved schedule needs at least pp micro-batches: fewer is refused. torch's flex
-    schedule (fsdp) runs fewer than pp, but then a chunk's round trip is pp slots of which only
-    grad_accum are busy: the bubble is the plain 1F1B one."""
+def test_interleaved_micro_batches_group_as_each_engine_takes_them():
+    """Megatron's interleaved schedule takes micro-batches in groups of pp: a number that is not a
+    multiple is refused. torch's (fsdp) runs max(1, m // pp) rounds and needs m a multiple of them, so
+    fewer than pp run, in one round; then a chunk's round trip is pp slots of which only grad_accum are
+    busy: the bubble is the plain 1F1B one."""
     from service.spec.plan_checks import plan_problem
 
     llama = load_model("llama2-13b")
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
-    plan = Plan(
-        engine="megatron", dp=4, tp=1, pp=8, virtual_stages=5, zero_stage=1, micro_batch=1, grad_accum=4
-    )
     work = Workload(seq_len=4096, global_batch_sequences=16, tokens_to_train=1e9)
-    problem = plan_problem(plan, llama, cluster, work)
-    assert (
-        problem is not None
-        and problem[0] == "grad_accum"
-        and "needs at least pp 8 micro-batches" in problem[1]
+
+    def problem(engine: str, pp: int, ga: int, zero: int) -> tuple[str, str] | None:
+        plan = Plan(engine=engine, dp=32 // pp, pp=pp, virtual_stages=2, zero_stage=zero, micro_batch=1,
+                    grad_accum=ga)  # fmt: skip
+        return plan_problem(
+            plan, llama, cluster, work.model_copy(update={"global_batch_sequences": ga * 32 // pp})
+        )
+
+    assert problem("megatron", 8, 4, 1) == (
+        "grad_accum",
+        "megatron's interleaved schedule takes micro-batches in groups of pp 8: grad_accum 4 is not a "
+        "multiple",
     )
-    sixteen = plan.model_copy(update={"grad_accum": 16})
-    assert (
-        plan_problem(sixteen, llama, cluster, work.model_copy(update={"global_batch_sequences": 64})) is None
+    assert problem("megatron", 8, 12, 1) is not None and problem("megatron", 8, 16, 1) is None
+    assert problem("fsdp", 8, 4, 0) is None  # one round of 4
+    assert problem("fsdp", 4, 11, 0) == (
+        "grad_accum",
+        "fsdp's interleaved schedule runs grad_accum 11 in 2 rounds of pp 4: not a multiple of the rounds",
     )
+    assert problem("fsdp", 4, 12, 0) is None  # 3 rounds of 4
     fsdp = Plan(engine="fsdp", dp=4, pp=8, zero_stage=0, micro_batch=1, grad_accum=4)
     plain, interleaved = (
         estimate(llama, cluster, fsdp.model_copy(update={"virtual_stages": v}), work).time_breakdown_s.bubble

@@ -26,6 +26,9 @@ def test_a_time_fit_on_proxies_widens_the_interval_beyond_their_scale():
     published = load_params()
     params, info = calibrate(exp, _trials(exp, plan), published, on_production_gpu=True, source="proxies")
     assert params.domain.max_gpus == proxy_cluster(exp, plan.num_gpus).num_gpus < published.domain.max_gpus
+    # the GPUs and stacks seen stay the published ones, the proxies' added
+    assert set(published.domain.stacks) < set(params.domain.stacks)
+    assert set(published.domain.gpu_types) <= set(params.domain.gpu_types)
     assert (
         params.residuals == published.residuals
         and "widened for the scale beyond the proxies" in info.time_terms

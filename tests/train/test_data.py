@@ -80,3 +80,16 @@ def test_a_tokenizer_that_makes_nothing_of_the_data_is_refused(tmp_path, monkeyp
     data.write_text("".join(f'{{"text": "w{i} w{i + 1}"}}\n' for i in range(20)))
     with pytest.raises(SpecError, match="turns the data into end-of-sequence tokens only"):
         hf_data.prepare(str(data), "ckpt", seq_len=8, seed=0, eval_fraction=0.1, vocab_size=64)
+
+
+def test_a_bad_byte_after_a_character_split_across_reads_is_named_where_it_is(tmp_path):
+    from service.spec.errors import SpecError
+    from service.train.hf_data import _check_utf8
+
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"aaa" + "\u00e9".encode() + b"xy\xff")  # é straddles the 4-byte reads
+    with pytest.raises(SpecError, match=r"not UTF-8 \(byte 0xff at 7\)"):
+        _check_utf8(path, chunk=4)
+    path.write_bytes(b"aaa" + "\u00e9".encode() + b"\xff")
+    with pytest.raises(SpecError, match=r"not UTF-8 \(byte 0xff at 5\)"):
+        _check_utf8(path, chunk=4)
