@@ -284,7 +284,8 @@ def render(est: Any, inputs: dict[str, Any]) -> str:
             f"{est.model_tflops_per_gpu:.0f} model TFLOP/s per GPU, MFU {est.mfu:.1%}",
             f"{inputs['tokens_to_train']:.3g} tokens: {est.hours:,.2f} h "
             f"({span(est.hours_interval, ',.2f')}), "
-            f"${est.dollars:,.0f} ({span(est.dollars_interval, ',.0f', '$')})",
+            f"${est.dollars:,.0f} ({span(est.dollars_interval, ',.0f', '$')}), failure-free "
+            "(`plan` and `run` add interruptions, checkpoints and restarts)",
             f"parameter set {est.params.name!r} (fit on {', '.join(est.params.fit_on) or 'nothing'}); "
             f"interval: {est.params.interval}",
         ]

@@ -65,6 +65,8 @@ def decision(r: RunResult) -> list[Block]:
         f"{fmt_gib(sel.memory_limit_bytes)} GiB ({c.hbm_gib:g} GiB HBM less "
         f"{r.budget.memory_headroom:.0%} headroom)."
     )
+    if _network(c):  # the interval is the model's error on this fabric, not a slower one
+        text += " The intervals assume that network between nodes; Sensitivity, below, prices slower ones."
     blocks: list[Block] = [("h2", "Decision"), ("p", text)]
     blocks += other_engines(r)
     blocks += goodput_blocks(r)

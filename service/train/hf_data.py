@@ -64,6 +64,9 @@ def load_rows(data: str, text_field: str = "text") -> tuple[Any, str]:
     import datasets
 
     files = data_files(data)
+    empty = [f for f in files if Path(f).stat().st_size == 0]
+    if empty:
+        raise SpecError("--data", f"{empty[0]} is empty")
     builder = BUILDERS[Path(files[0]).suffix]
     if builder == "json":  # datasets decodes lazily: a bad byte would surface mid-run, as a traceback
         for file in files:

@@ -233,6 +233,8 @@ class ProductionRun:
             raise SpecError("--eval-every", f"must be positive, got {self.eval_every}")
         if not 0 <= self.eval_fraction < 1:
             raise SpecError("--eval-fraction", f"must be in [0, 1), got {self.eval_fraction}")
+        if self.eval_every and not self.eval_fraction:  # nothing held out: no evaluation would run
+            raise SpecError("--eval-every", "needs --eval-fraction above 0 (the share held out to evaluate)")
         if self.data is None:
             return None
         return hf_data.load_rows(self.data, self.text_field)
@@ -243,10 +245,11 @@ class ProductionRun:
         interrupted one did) and where the trained weights go."""
         from service.train import hf_data
         from service.train.proxy_scale import proxy_model, proxy_seq_len
+        from service.train.run_identity import check_identity, run_identity
         from service.train.weights import EXPORT_DIR, FineTune
 
         if self.weights is None:
-            self._check_identity(run_dir, {})
+            check_identity(run_dir, {"plan": self.plan.short(), "init": "random"})
             return None
         data_dir, packed = None, None
         if self.data is not None:
@@ -260,9 +263,8 @@ class ProductionRun:
                 text_field=self.text_field,
                 rows=self._rows,
             )
-        from service.train.run_identity import run_identity
-
-        self._check_identity(run_dir, run_identity(self.weights, packed))
+        identity = {"plan": self.plan.short(), "init": self.weights, **run_identity(self.weights, packed)}
+        check_identity(run_dir, identity)
         if packed is not None:
             data_dir = str(hf_data.write(packed, run_dir / "data"))
         return FineTune(
@@ -271,11 +273,6 @@ class ProductionRun:
             eval_every=self.eval_every,
             export_dir=str(run_dir / EXPORT_DIR),
         )
-
-    def _check_identity(self, run_dir: Path, identity: dict[str, str]) -> None:
-        from service.train.run_identity import check_identity
-
-        check_identity(run_dir, {"plan": self.plan.short(), "init": self.weights or "random", **identity})
 
     def _young_daly_steps(self) -> int:
         """Steps between checkpoints when none is asked for: Young's interval (the memo's goodput

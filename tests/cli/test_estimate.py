@@ -72,6 +72,7 @@ def test_estimate_table_output(capsys):
     out = capsys.readouterr().out
     assert out.startswith("dp32-tp1-pp1-z3-offopt-mb1-ga1-rc:full: llama2-13b on 32 × h100-sxm-80gb")
     assert "memory per GPU (GiB): fits" in out and "MFU" in out and "offloaded to host memory" in out
+    assert "failure-free (`plan` and `run` add interruptions, checkpoints and restarts)" in out
 
 
 @pytest.mark.parametrize(

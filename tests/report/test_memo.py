@@ -73,6 +73,9 @@ def test_memo_numbers_are_the_json_numbers(plan_only: RunResult) -> None:
     assert fmt_hours(p.hours.value) in decision
     assert fmt_gib(p.memory_per_gpu_bytes.value) + " GiB" in decision
     assert f"{plan_only.goodput.checkpoint_interval_hours:.2f} h" in decision
+    assert f"MFU {plan_only.selected.mfu:.1%}" in decision
+    network = "The intervals assume that network between nodes" in decision
+    assert network is (plan_only.cluster.num_nodes > 1)
     saved = json.loads((Path(plan_only.out_dir) / "result.json").read_text())
     assert saved["predicted"] == p.model_dump(mode="json")
     assert set(saved["predicted"]["tokens_per_s"]) == {"value", "interval", "tag"}

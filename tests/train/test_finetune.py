@@ -202,6 +202,15 @@ def test_data_that_is_not_utf8_is_refused_before_anything_runs(checkpoint, tmp_p
     assert message == f"--data: {data}: not UTF-8 (byte 0xe9 at {50 * 18 + 13})"  # 18 bytes a line
 
 
+def test_an_empty_data_file_and_evaluating_nothing_are_refused(checkpoint, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert _refusal(tmp_path, weights=checkpoint, data=str(empty)) == f"--data: {empty} is empty"
+    data = write_jsonl(tmp_path / "x.jsonl", [{"text": "w1 w2"}])
+    message = _refusal(tmp_path, weights=checkpoint, data=data, eval_fraction=0.0, eval_every=5)
+    assert message == "--eval-every: needs --eval-fraction above 0 (the share held out to evaluate)"
+
+
 def test_missing_field_and_too_long_sequences(checkpoint, tmp_path):
     data = write_jsonl(tmp_path / "x.jsonl", [{"body": "w1 w2"}])
     message = _refusal(tmp_path, weights=checkpoint, data=data)
