@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from service.catalog import load_model
-from service.costmodel import comm, expert_exchange, moe
+from service.costmodel import expert_exchange, moe
 from service.costmodel import memory as mem
 from service.costmodel.estimate import estimate_table
 from service.costmodel.flops import model_flops_per_token
@@ -131,11 +131,8 @@ def prediction(est: Estimate, num_gpus: int, target: float) -> dict[str, Any]:
 
 
 def exposed_per_step_s(grad_accum: int, a2a_s: float, compute_s: float, contention: float) -> float:
-    """A step's exposed all-to-all as the plan's 1F1B overlap prices it (costmodel/step_time.py): each
-    micro-batch's exchange behind another's compute; the first forward and the last backward unpaired."""
-    paired = (grad_accum - 1) / grad_accum
-    hidden = float(comm.overlapped_exposed_s(a2a_s, compute_s, contention))
-    return grad_accum * (paired * hidden + (1 - paired) * a2a_s)
+    """A step's exposed all-to-all as the plan's 1F1B overlap prices it (expert_exchange.paired_exposed_s)."""
+    return grad_accum * float(expert_exchange.paired_exposed_s(a2a_s, compute_s, grad_accum, contention))
 
 
 def all_to_all_per_micro_batch(

@@ -167,3 +167,15 @@ def forward_s(
         model, p, seq_len, d, gpus_per_node, gpu, links, load, nic_efficiency, dispatcher
     )
     return np.asarray(one * moe_blocks, dtype=float)
+
+
+def paired_exposed_s(a2a_s: Num, compute_s: Num, grad_accum: Num, contention: float) -> np.ndarray:
+    """A micro-batch's exposed all-to-all under Megatron-Core's 1F1B overlap (Plan.ep_comm_overlap),
+    which runs one micro-batch's forward beside another's backward (core.pipeline_parallel combined_1f1b),
+    hiding each one's all-to-alls behind the other's compute as the other overlapped collectives hide
+    (comm.overlapped_exposed_s). The first forward and the last backward have no partner: (ga − 1)/ga of
+    the all-to-alls can hide, none at ga 1. (A pipeline's warm-up forwards and cool-down backwards are
+    unpaired too; that is not priced here.)"""
+    paired = (np.asarray(grad_accum, dtype=float) - 1) / grad_accum
+    hidden = comm.overlapped_exposed_s(a2a_s, compute_s, contention)
+    return np.asarray(paired * hidden + (1 - paired) * np.asarray(a2a_s, dtype=float), dtype=float)

@@ -178,14 +178,10 @@ def step_time_terms(
         cluster, p, tokens * model.hidden_size * d, gpu, net, fwd + bwd, contention
     )
     # The dispatch and combine all-to-alls run forward, backward and in a fully recomputed forward;
-    # Megatron-Core's 1F1B all-to-all overlap (Plan.ep_comm_overlap) runs one micro-batch's forward
-    # beside another's backward (core.pipeline_parallel combined_1f1b), hiding each one's all-to-alls
-    # behind the other's compute as the other overlapped collectives hide. The first forward and the
-    # last backward have no partner: (ga − 1)/ga of the all-to-alls can hide, none at ga 1. (A pipeline's
-    # warm-up forwards and cool-down backwards are unpaired too; that is not priced here.)
+    # Megatron-Core's 1F1B all-to-all overlap (Plan.ep_comm_overlap) hides them behind another
+    # micro-batch's compute (expert_exchange.paired_exposed_s).
     a2a = experts_a2a * (2 + ((p.recompute == 2) | (megatron_modules & ("moe" in modules))))
-    paired = (p.grad_accum - 1) / p.grad_accum
-    hidden_a2a = paired * comm.overlapped_exposed_s(a2a, fwd + bwd, contention) + (1 - paired) * a2a
+    hidden_a2a = expert_exchange.paired_exposed_s(a2a, fwd + bwd, p.grad_accum, contention)
     ep_mb = np.where(p.ep_comm_overlap, hidden_a2a, a2a)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     # With fewer micro-batches than stages a chunk's round trip takes pp chunk slots of which only ga are
