@@ -5,31 +5,28 @@
     >>> result.selected.plan.short(), result.selected.estimate.dollars      # doctest: +SKIP
     >>> result.why_not(some_plan)                                            # doctest: +SKIP
 
-`rank_plans` is the pure core (enumerate, score in one vectorised pass, select); `Planner.fit` wraps
-it into a `PlanResult` that keeps the full table, so it can say why any plan lost.
+`rank_plans` (service/plans/rank.py) is the pure core (enumerate, score in one vectorised pass, select);
+`Planner.fit` wraps it into a `PlanResult` that keeps the scored table, so it can say why any plan lost.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from service.costmodel.result import Estimate, EstimateTable
-from service.plans.enumerate import (
-    COMBINATION_REASONS,
-    DEFAULT_MAX_MICRO_BATCH,
-    Enumeration,
-    enumerate_plans,
-    outside_space,
+from service.plans.enumerate import COMBINATION_REASONS, DEFAULT_MAX_MICRO_BATCH
+from service.plans.rank import Ranking, rank_plans
+from service.plans.select import (
+    GIB,
+    STATUSES,
+    objective_order,
 )
-from service.plans.pages import with_ordinary_pages
-from service.plans.select import GIB, STATUSES, Selection, objective_order, select_plan, tie_resolution
+from service.plans.space import outside_space
 from service.spec import (
     Budget,
     ClusterSpec,
@@ -43,9 +40,8 @@ from service.spec import (
     plan_problem,
 )
 from service.spec.params import ModelParams, load_params
-from service.spec.plan import Engine, Precision
+from service.spec.plan import Precision
 from service.spec.plan_table import PRECISION_CODES, PlanTable
-from service.spec.production import GoodputSpec
 
 
 class RankedPlan(BaseModel):
@@ -80,76 +76,6 @@ class RankedPlan(BaseModel):
             "label": self.plan.short(),
             **self.estimate.model_dump(),
         }
-
-
-@dataclass(frozen=True)
-class Ranking:
-    """What `rank_plans` returns: the valid plans, their scores and the selection (row indexes).
-    `hours_no_failures` is the failure-free hours; `estimates.hours` (and dollars) include goodput
-    when `rank_plans` was given it, and equal them otherwise."""
-
-    enumeration: Enumeration
-    estimates: EstimateTable
-    selection: Selection
-    hours_no_failures: np.ndarray
-
-    def rejected_counts(self) -> dict[str, int]:
-        """Why every candidate but the selected one lost: invalid (by rule), then by selection status."""
-        invalid = {f"invalid: {reason}": n for reason, n in self.enumeration.invalid_counts.items()}
-        return {**invalid, **self.selection.counts()}
-
-
-@with_ordinary_pages
-def rank_plans(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    workload: Workload,
-    budget: Budget,
-    max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
-    precision: Precision = "bf16",
-    params: ModelParams | None = None,
-    engines: Sequence[Engine] = ("deepspeed",),
-    quantized_collectives: bool = False,
-    goodput: GoodputSpec | None = None,
-    enumeration: Enumeration | None = None,
-    time_unfit: bool = False,
-) -> Ranking:
-    """Enumerates every valid plan of `engines` (or takes `enumeration`, already made for this cluster),
-    scores them all with `estimate_table` under `params` (None = the shipped set), and selects under
-    `budget`. With `goodput`, hours and dollars are the run's expected wall-clock, interruptions,
-    checkpoints and restarts included (service/costmodel/goodput.py), so the budget is checked against
-    what the run will really cost. Plans that do not fit in memory are not timed (NaN time and cost
-    columns: they lose on memory alone) unless `time_unfit`, for a report that prints their time.
-    The one ranking of `plan`, `run` and the Python API."""
-    from service.costmodel import estimate_table
-    from service.costmodel.goodput import with_goodput
-
-    enumeration = enumeration or enumerate_plans(
-        model,
-        cluster,
-        workload,
-        max_micro_batch,
-        precision,
-        engines=engines,
-        quantized_collectives=quantized_collectives,
-    )
-    raw = estimate_table(
-        model,
-        cluster,
-        workload,
-        enumeration.plans,
-        memory_headroom=budget.memory_headroom,
-        params=params,
-        time_unfit=time_unfit,
-    )
-    estimates = raw if goodput is None else with_goodput(raw, model, cluster, precision, goodput)
-    selection = select_plan(
-        enumeration.plans,
-        estimates,
-        budget,
-        tie_resolution(estimates.params, model, cluster, workload, enumeration.plans),
-    )
-    return Ranking(enumeration, estimates, selection, raw.hours)
 
 
 @dataclass(frozen=True)
@@ -256,7 +182,26 @@ class PlanResult:
             self._precision,  # type: ignore[arg-type]
             spec.quantized_collectives,
         )
+        if why is None and self._ranking.pruning is not None:
+            return self._pruned(plan)
         return f"not enumerated: {why or 'not a candidate of this enumeration'}"
+
+    def _pruned(self, plan: Plan) -> str:
+        """Why a plan the bounded ranking did not score lost: its layout's bound against the choice."""
+        from service.plans.bound import structure_bound_s
+
+        spec, est, sel = self._spec, self._ranking.estimates, self._ranking.selection
+        bound_s = structure_bound_s(
+            spec.model, spec.cluster, spec.workload, PlanTable.from_plans([plan]), self._max_micro_batch,
+            (self._precision,), est.params,  # type: ignore[arg-type]
+        )[0]  # fmt: skip
+        best = sel.selected if sel.selected is not None else int(sel.order[0])
+        label = self._ranking.enumeration.plans.row(best).short()
+        return (
+            f"slower (not scored): no plan of its layout beats {bound_s:,.2f} s per step (the bound on "
+            f"its terms at their best micro-batch, no recompute), against {est.step_time_s[best]:,.2f} s "
+            f"for {label}, beyond the model's resolution"
+        )
 
 
 def _message(ranking: Ranking) -> str:
@@ -303,6 +248,10 @@ class Planner:
         precision: compute precision of every plan (bf16 or fp16 mixed precision, or fp32).
         params: the cost model's parameter set, a `ModelParams` or the path of its YAML file
             (default: the shipped set, fit on the published runs; see `python -m service calibrate`).
+        prune: skip the layouts whose lower bound on the step time cannot reach the choice's tie group
+            or the `top_k` (service/plans/bound.py): the same selection, tie group and top plans that
+            fit and meet the budget, the rest counted, not scored. For spaces of millions of plans (a
+            mixture of experts on thousands of GPUs).
 
     Example:
         >>> result = Planner("experiments/llama2-13b-32xh100.yaml", top_k=3).fit()  # doctest: +SKIP
@@ -318,6 +267,7 @@ class Planner:
         max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
         precision: Precision = "bf16",
         params: ModelParams | str | Path | None = None,
+        prune: bool = False,
     ):
         spec = experiment if isinstance(experiment, ExperimentSpec) else load_experiment(experiment)
         if top_k < 0:
@@ -333,6 +283,7 @@ class Planner:
         self.max_micro_batch = max_micro_batch
         self.precision: Precision = precision
         self.params = params if isinstance(params, ModelParams) else load_params(params)
+        self.prune = prune
 
     def fit(self) -> PlanResult:
         spec, started = self.spec, time.perf_counter()
@@ -348,6 +299,8 @@ class Planner:
             spec.quantized_collectives,
             # hours and dollars as `run` prices them: interruptions, checkpoints and restarts included
             goodput=spec.goodput,
+            prune=self.prune,
+            keep_top=self.top_k,
         )
         sel, plans, est = ranking.selection, ranking.enumeration.plans, ranking.estimates
 

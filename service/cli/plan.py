@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--params", default=None, help="Cost-model parameter set (YAML; default: shipped).")
     parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="Skip the layouts whose lower bound on the step time cannot reach the choice's tie or the top "
+        "K: the same choice and top plans, for spaces of millions of plans (MoE on thousands of GPUs).",
+    )
+    parser.add_argument(
         "--engines",
         default=None,
         metavar="E1,E2",
@@ -61,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         max_micro_batch=args.max_micro_batch,
         precision=args.precision,
         params=args.params,
+        prune=args.prune,
     )
     result = planner.fit()
     if args.json:

@@ -173,7 +173,11 @@ def stage_memory_terms(
         transient = tokens * mem.logits_transient_bytes_per_token(model, d, p.tp, vocab_split, fused_loss)
         transient = transient + mem.fused_loss_buffer_bytes(model, d, fused_loss)
         transient = np.where(is_last, transient, 0.0)
-        pipe_buffers = boundary * micro_batches  # one pair per micro-batch the stage holds in flight
+        # One send/receive pair per micro-batch the stage holds in flight; where the engine frees each
+        # sent output (EngineRules.pipeline_output_deallocation) the received input is the tensor the first
+        # block saves anyway, and only the pair in transit is extra.
+        in_transit = np.where(p.engine_column("pipeline_output_deallocation"), 1.0, micro_batches)
+        pipe_buffers = boundary * in_transit
         buffers = buckets * pb * mem.zero_buffer_elements(model, p.zero_stage, psi) + pipe_buffers + transient
         buffers = buffers + context.buffer_bytes(model, tokens, p.tp, p.cp, p.engine, d)
         matmul = (model.attention_params_per_layer + model.mlp_params_per_layer) / p.tp * layers

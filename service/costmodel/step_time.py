@@ -87,7 +87,8 @@ def step_time_terms(
     peak = peak_tflops(gpu, p.precision) * 1e12  # bf16 for fp8 plans: only block GEMMs run in FP8
     gemm_peak, gemm_d = fp8.gemm_peak_flops(p.precision, gpu, peak), fp8.gemm_operand_bytes(p.precision, d)
     tokens = p.micro_batch * s / p.cp  # a context-parallel rank's share (costmodel/context.py)
-    layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)[0]  # the busiest stage sets the pace
+    # The first stage holds the most blocks and sets the pace; the last holds the LM head (`head_share_s`).
+    layers, last_layers = mem.stage_layers(model.num_layers, p.pp, p.virtual_stages)
     # Transformer Engine stacks on Hopper-class GPUs (those whose catalog entry has cuDNN's fused
     # attention) sustain their own share of the GEMM rate: `te_gemm_scale`, fitted on NVIDIA's TE recipes.
     te_hopper = p.engine_column("transformer_engine") & (gpu.fused_attention_efficiency is not None)
@@ -131,9 +132,12 @@ def step_time_terms(
         whole, p, s, moe_blocks, cluster.gpus_per_node, gpu, net, imbalance,
         params["all_to_all_efficiency"], workload.moe_dispatcher,
     )  # fmt: skip
-    fwd = np.maximum(gemm + attention + elementwise + head + experts, compute.launch_bound_s(gpu, kernels))
-    bwd_work = 2 * gemm + backward_ratio * attention
-    bwd_work = bwd_work + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * head + 2 * experts
+    blocks_fwd = gemm + attention + elementwise + experts
+    fwd = blocks_fwd + head_share_s(head, blocks_fwd, layers, last_layers)
+    fwd = np.maximum(fwd, compute.launch_bound_s(gpu, kernels))
+    blocks_bwd = 2 * gemm + backward_ratio * attention
+    blocks_bwd = blocks_bwd + compute.ELEMENTWISE_BACKWARD_RATIO * elementwise + 2 * experts
+    bwd_work = blocks_bwd + head_share_s(2 * head, blocks_bwd, layers, last_layers)
     bwd = np.maximum(bwd_work, compute.launch_bound_s(gpu, 2 * kernels))
     # Selective recompute re-runs each block's attention sub-block (projections and attention core), as
     # this service's worker checkpoints it. Megatron checkpoints the core alone; pricing that instead was
@@ -219,6 +223,20 @@ def step_time_terms(
         "offload": offload_s,
         "overhead": np.asarray(overhead, dtype=float),
     }
+
+
+def head_share_s(head_s: Num, stage_blocks_s: Num, first_layers: Num, last_layers: Num) -> np.ndarray:
+    """What the LM head adds to the busiest stage's pass: the pace is max(first stage's blocks, last stage's
+    blocks + head). On an even split (and without a pipeline) the last stage is the first and the head adds
+    in full. Where the blocks do not divide, the split gives the first stages the extra blocks
+    (`memory.stage_layers`) and the head runs in the time the last stage's fewer blocks leave: NVIDIA's
+    recipes for uneven depths (Llama 3.1 405B's 126 blocks, Qwen3-235B's 94) count embedding and loss as
+    a block each in Megatron's split (`account_for_embedding_in_pipeline_split`,
+    `account_for_loss_in_pipeline_split`, Megatron-Bridge recipes/llama/h100/llama3.py and
+    recipes/qwen/h100/qwen3_moe.py), which leaves the last stage one block short for its head, as here."""
+    block_s = np.asarray(stage_blocks_s) / np.asarray(first_layers)
+    spare_s = (np.asarray(first_layers) - np.asarray(last_layers)) * block_s
+    return np.asarray(np.maximum(np.asarray(head_s) - spare_s, 0.0), dtype=float)
 
 
 def megatron_modules_recompute_s(

@@ -24,16 +24,19 @@ import numpy as np
 from service.plans.pages import with_ordinary_pages
 from service.plans.rules import (  # noqa: F401  (re-exported: the rule codes belong to enumeration)
     COMBINATION_REASONS,
+    EXPANSION_CODES,
     INVALID_REASONS,
     VALID,
-    expansion_codes,
+    expert_variant_codes,
+    micro_batch_codes,
+    precision_codes,
     problem_codes,
     reason_code,
 )
 from service.spec.engine import engine_rules
 from service.spec.hardware import ClusterSpec
 from service.spec.model import ModelSpec
-from service.spec.plan import Engine, Plan, Precision
+from service.spec.plan import Engine, Precision
 from service.spec.plan_table import ENGINE_CODES, PRECISION_CODES, PlanTable, concat
 from service.spec.workload import Workload
 
@@ -160,28 +163,28 @@ def ep_overlap_allowed(table: PlanTable) -> np.ndarray:
     return overlap & ((table.pp == 1) | (table.virtual_stages > 1))
 
 
-def _with_expert_variants(table: PlanTable, model: ModelSpec | None) -> PlanTable:
+def _with_expert_variants(table: PlanTable, model: ModelSpec | None) -> list[tuple[PlanTable, np.ndarray]]:
     """For a MoE model, each row once per `expert_degrees` ep and expert_tp in {1, tp} (the layouts
     NVIDIA's and torchtitan's MoE recipes run; Megatron-Core allows any expert_tp, `outside_space` says
-    so); the rules drop the ones a row's ranks or engine cannot hold."""
+    so); the rules drop the ones a row's ranks or engine cannot hold. One (table, rows of `table` it was
+    made from) per (ep, expert_tp) variant, `table` itself first: a large MoE space is filtered part by
+    part (`rules.expert_variant_codes`), never concatenated whole."""
     degrees = expert_degrees(model)
-    if len(degrees) == 1:
-        return table
-    extra = []
-    for ep in degrees:
+    parts = [(table, np.arange(len(table)))]
+    for ep in degrees if len(degrees) > 1 else []:
         for tp_split in (False, True):
             if ep == 1 and not tp_split:
                 continue  # the rows themselves
-            rows = table.take(table.tp > 1) if tp_split else table
-            extra.append(
-                dataclasses.replace(
-                    rows,
-                    ep=np.full(len(rows), ep, dtype=np.int64),
-                    expert_tp=rows.tp.copy() if tp_split else np.ones(len(rows), dtype=np.int64),
-                    ep_comm_overlap=ep_overlap_allowed(rows) & (ep > 1),
-                )
+            base = np.flatnonzero(table.tp > 1) if tp_split else np.arange(len(table))
+            rows = table.take(base) if tp_split else table  # the variant shares the rest of its columns
+            variant = dataclasses.replace(
+                rows,
+                ep=np.full(len(rows), ep, dtype=np.int64),
+                expert_tp=rows.tp.copy() if tp_split else np.ones(len(rows), dtype=np.int64),
+                ep_comm_overlap=ep_overlap_allowed(rows) & (ep > 1),
             )
-    return concat([table, *extra])
+            parts.append((variant, base))
+    return parts
 
 
 def _structures(
@@ -192,10 +195,10 @@ def _structures(
     gpus_per_node: int = 8,
     quantized: bool = False,
     model: ModelSpec | None = None,
-) -> PlanTable:
-    """The rows the structural rules look at, engine by engine: micro_batch 1, grad_accum 1, recompute
-    none. ZeRO-3 rows also come with ZeRO++ and shard-group settings (`zero_variants`), and a MoE
-    model's rows with expert-parallel layouts (`_with_expert_variants`)."""
+) -> list[tuple[PlanTable, np.ndarray]]:
+    """The rows the structural rules look at, engine by engine, in parts (`_with_expert_variants`):
+    micro_batch 1, grad_accum 1, recompute none. ZeRO-3 rows also come with ZeRO++ and shard-group
+    settings (`zero_variants`), and a MoE model's rows with expert-parallel layouts."""
     shapes = np.array(factorisations(num_gpus, max_cp), dtype=np.int64)  # (F, 4): dp, tp, pp, cp
     tables = [_engine_structures(shapes, e, virtual_stages) for e in engines]
     table = concat([_with_zero_variants(t, gpus_per_node, num_gpus, quantized) for t in tables])
@@ -237,7 +240,7 @@ def _rows(
     )
 
 
-def _precisions(precision: Precision | Sequence[Precision]) -> tuple[Precision, ...]:
+def precisions_of(precision: Precision | Sequence[Precision]) -> tuple[Precision, ...]:
     return (precision,) if isinstance(precision, str) else tuple(precision)
 
 
@@ -254,10 +257,10 @@ def candidate_table(
 ) -> PlanTable:
     """The full cross product of choices for `cluster` (valid or not), one row per candidate; with a MoE
     `model`, its expert-parallel layouts too."""
-    structures = _structures(
+    parts = _structures(
         cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives, model
     )
-    return _expand(structures, workload, max_micro_batch, _precisions(precision))
+    return _expand(concat([part for part, _ in parts]), workload, max_micro_batch, precisions_of(precision))
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,39 @@ class Enumeration:
     plans: PlanTable
     candidates: int
     invalid_counts: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Expansions:
+    """The structures that pass the structural rules and their valid expansions, before any plan row is
+    built: pair i is structure `row[i]` at `micro_batch[i]` and `grad_accum[i]`, and every pair expands
+    into the three recompute policies × `precisions` (codes; those the GPU runs). `plans(keep)` builds
+    the rows of the structures `keep` marks (all by default), in `candidate_table`'s order."""
+
+    structures: PlanTable
+    row: np.ndarray
+    micro_batch: np.ndarray
+    grad_accum: np.ndarray
+    precisions: np.ndarray
+    candidates: int
+    invalid_counts: dict[str, int]
+
+    def plans(self, keep: np.ndarray | None = None) -> PlanTable:
+        pairs = slice(None) if keep is None else keep[self.row]
+        row, mb, ga = self.row[pairs], self.micro_batch[pairs], self.grad_accum[pairs]
+        per_pair = 3 * len(self.precisions)
+        recompute = np.tile(np.repeat(np.arange(3), len(self.precisions)), len(row))
+        precision = np.tile(self.precisions, 3 * len(row))
+        row, mb, ga = (np.repeat(x, per_pair) for x in (row, mb, ga))
+        return _rows(self.structures, row, mb, ga, recompute, precision)
+
+    def plan_structures(self) -> np.ndarray:
+        """The structure (row of `structures`) of each plan `plans()` builds."""
+        return np.repeat(self.row, 3 * len(self.precisions))
+
+    def per_structure(self) -> np.ndarray:
+        """How many valid plans each structure expands into."""
+        return np.bincount(self.row, minlength=len(self.structures)) * 3 * len(self.precisions)
 
 
 def count_codes(codes: np.ndarray) -> dict[str, int]:
@@ -296,65 +332,66 @@ def enumerate_plans(
     Same answer as filtering `candidate_table` with `problem_codes`, in two stages for speed: the
     structural rules (all but the batch rule) ignore micro_batch and recompute, so they run once per
     structure, and only the structures that pass are expanded into micro-batches × recompute policies,
-    where only the rules of the expanded columns are checked (`expansion_codes`) before any row is built.
+    where only the rules of the expanded columns are checked (`micro_batch_codes`, `precision_codes`)
+    before any row is built.
     A rejected structure stands for micro-batches × policies rejected candidates in the counts.
     `max_cp`: the largest context-parallel degree tried (1 = none); `engines`: which engines' plans
     (each under its own rules); `virtual_stages`: the interleaved chunks tried for megatron and fsdp plans;
     `quantized_collectives`: also ZeRO++'s quantized weights and gradients (`zero_variants`).
     """
-    structures = _structures(
-        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives, model
-    )
-    structure_codes = problem_codes(structures, model, cluster, workload=None)
-    precisions = _precisions(precision)
-    per_structure = len(micro_batches(max_micro_batch)) * 3 * len(precisions)
-    passed = structures.take(structure_codes == VALID)
-    row, mb, ga, recompute, prec = _expansion(passed, workload, max_micro_batch, precisions)
-    codes = expansion_codes(passed, row, mb, ga, prec, cluster, workload)
-    counts = np.bincount(structure_codes, minlength=len(INVALID_REASONS)) * per_structure
-    counts += np.bincount(codes, minlength=len(INVALID_REASONS))
-    keep = codes == VALID
-    plans = _rows(passed, row[keep], mb[keep], ga[keep], recompute[keep], prec[keep])
-    return Enumeration(plans, len(structures) * per_structure, _named_counts(counts))
+    found = expand_structures(
+        model, cluster, workload, max_micro_batch, precision, max_cp, engines, virtual_stages,
+        quantized_collectives,
+    )  # fmt: skip
+    return Enumeration(found.plans(), found.candidates, found.invalid_counts)
 
 
-def outside_space(
-    plan: Plan,
+@with_ordinary_pages
+def expand_structures(
+    model: ModelSpec,
     cluster: ClusterSpec,
-    engines: Sequence[Engine] = ("deepspeed",),
+    workload: Workload,
     max_micro_batch: int = DEFAULT_MAX_MICRO_BATCH,
     precision: Precision | Sequence[Precision] = "bf16",
+    max_cp: int = DEFAULT_MAX_CP,
+    engines: Sequence[Engine] = ("deepspeed",),
+    virtual_stages: Sequence[int] = DEFAULT_VIRTUAL_STAGES,
     quantized_collectives: bool = False,
-) -> str | None:
-    """Which choice of a valid `plan` the enumeration does not try (None when it is a candidate)."""
-    if plan.engine not in engines:
-        return f"the planner searched engines {', '.join(engines)} (the experiment's `engines`)"
-    if plan.micro_batch not in micro_batches(max_micro_batch):
-        return f"the planner tries micro_batch in {micro_batches(max_micro_batch)}"
-    if plan.cp > DEFAULT_MAX_CP:
-        return f"the planner tries cp up to {DEFAULT_MAX_CP}"
-    if plan.virtual_stages not in DEFAULT_VIRTUAL_STAGES:
-        return f"the planner tries virtual_stages in {list(DEFAULT_VIRTUAL_STAGES)}"
-    hpz, group = plan.zero_hpz_partition_size, plan.shard_group_size
-    zero = (hpz, group, plan.zero_quantized_weights, plan.zero_quantized_gradients)
-    variants = zero_variants(cluster.gpus_per_node, cluster.num_gpus, quantized_collectives)
-    if (plan.zero_quantized_weights or plan.zero_quantized_gradients) and not quantized_collectives:
-        return "the planner tries ZeRO++'s quantized collectives only with `quantized_collectives: true`"
-    if zero != (1, 0, False, False) and zero not in variants:
-        return "the planner tries ZeRO++ and shard groups only as `zero_variants` lists them (multi-node)"
-    rules = engine_rules(plan.engine)
-    if rules.comm_overlap != plan.comm_overlap or plan.tp_comm_overlap != (
-        rules.tp_comm_overlap and plan.sequence_parallel
-    ):
-        return (
-            f"the planner tries {plan.engine} plans with every overlap its rules allow turned on "
-            "(comm_overlap; tp_comm_overlap with sequence_parallel)"
-        )
-    table = PlanTable.from_plans([plan])
-    if plan.ep_comm_overlap != bool(ep_overlap_allowed(table)[0] and plan.ep > 1):
-        return "the planner turns the all-to-all overlap on wherever the engine allows it (ep > 1)"
-    if plan.expert_tp not in (1, plan.tp):
-        return "the planner tries expert_tp 1 and expert_tp = tp"
-    if plan.precision not in _precisions(precision):
-        return f"the planner scored {', '.join(_precisions(precision))} plans only"
-    return None
+) -> Expansions:
+    """`enumerate_plans` up to the point where rows are built (its arguments, its counts)."""
+    parts = _structures(
+        cluster.num_gpus, max_cp, engines, virtual_stages, cluster.gpus_per_node, quantized_collectives, model
+    )
+    precisions = precisions_of(precision)
+    per_structure = len(micro_batches(max_micro_batch)) * 3 * len(precisions)
+    counts = np.zeros(len(INVALID_REASONS), dtype=np.int64)
+    passed_parts = []
+    base_codes = problem_codes(parts[0][0], model, cluster, workload=None)
+    for i, (part, base) in enumerate(parts):
+        structure_codes = expert_variant_codes(part, model, base_codes[base]) if i else base_codes
+        counts += np.bincount(structure_codes, minlength=len(INVALID_REASONS)) * per_structure
+        passed_parts.append(part.take(structure_codes == VALID))
+    passed = concat(passed_parts)
+    row, mb, ga, codes = _micro_batch_pairs(passed, workload, max_micro_batch)
+    prec = np.array([PRECISION_CODES.index(x) for x in precisions], dtype=np.int64)
+    runs = precision_codes(prec, cluster) == VALID
+    # Per (structure, micro-batch) pair: 3 recompute policies × each precision. A precision the GPU lacks
+    # is refused first (its rule comes before the batch rules), the others take the pair's code.
+    counts += np.bincount(codes, minlength=len(INVALID_REASONS)) * 3 * int(runs.sum())
+    counts[EXPANSION_CODES[0]] += len(row) * 3 * int((~runs).sum())
+    keep = codes == VALID
+    return Expansions(
+        passed, row[keep], mb[keep], ga[keep], prec[runs],
+        sum(len(part) for part, _ in parts) * per_structure, _named_counts(counts),
+    )  # fmt: skip
+
+
+def _micro_batch_pairs(
+    passed: PlanTable, workload: Workload, max_micro_batch: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every (structure, micro-batch) pair of structures that pass the structural rules, with its
+    grad_accum and the code of the rules it can still break (the batch, sequence-split and interleave
+    rules read the structure and its micro-batch alone), structure-major as `_grid` orders them."""
+    row, mb = _grid(np.arange(len(passed)), np.array(micro_batches(max_micro_batch), dtype=np.int64))
+    ga = np.maximum(workload.batch_sequences // (mb * passed.dp[row]), 1)
+    return row, mb, ga, micro_batch_codes(passed, row, mb, ga, workload)

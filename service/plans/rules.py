@@ -194,6 +194,44 @@ def _code(reason: str) -> int:
     return next(code for code, (short, _, _) in enumerate(INVALID_REASONS) if short == reason)
 
 
+# The rules that read the expert-parallel columns (ep, expert_tp, ep_comm_overlap) of a MoE model's
+# plans, in `problem_codes`' order; every other rule reads columns an expert-parallel variant shares with
+# the row it was made from (enumerate._with_expert_variants), and none of these fails on that row (ep 1,
+# expert_tp 1, no all-to-all overlap).
+EXPERT_CODES = tuple(
+    _code(reason)
+    for reason in (
+        "ep_comm_overlap on an engine without it",
+        "ep_comm_overlap with pp but no interleaving",
+        "expert_tp the engine lacks",
+        "ep does not divide the experts",
+        "expert_tp does not divide the expert width",
+        "ep·expert_tp does not divide dp·cp·tp",
+    )
+)
+
+
+def expert_variant_codes(variants: PlanTable, model: ModelSpec, base_codes: np.ndarray) -> np.ndarray:
+    """`problem_codes` of a MoE model's expert-parallel variants of rows whose own codes are
+    `base_codes` (one per variant row): the first of the base row's failing rule and the variant's own
+    failing expert rules (`EXPERT_CODES`), which alone are checked on the variants. Millions of variants
+    on a large MoE space are checked in a few column operations, not all rules each."""
+    assert model.moe is not None
+    v = variants
+    rules = [
+        v.ep_comm_overlap & ~_expert_rule("a2a_overlap")[v.engine],
+        v.ep_comm_overlap & (v.pp > 1) & (v.virtual_stages == 1),
+        _expert_tp_refused(v),
+        model.moe.num_experts % v.ep != 0,
+        model.moe.expert_ffn_hidden_size % v.expert_tp != 0,
+        (v.dp * v.cp * v.tp) % (v.ep * v.expert_tp) != 0,
+    ]
+    none = len(INVALID_REASONS)  # after every code: "no rule fails" loses every minimum
+    expert = np.select(rules, list(EXPERT_CODES), default=none)
+    first = np.minimum(np.where(base_codes == VALID, none, base_codes), expert)
+    return np.where(first == none, VALID, first).astype(np.int8)
+
+
 # The rules that read the columns a structure is expanded into (precision, micro_batch, grad_accum) or
 # the workload, in `problem_codes`' order; every other rule is decided by the structure alone.
 EXPANSION_CODES = (
@@ -204,28 +242,27 @@ EXPANSION_CODES = (
 )
 
 
-def expansion_codes(
+def precision_codes(precision: np.ndarray, cluster: ClusterSpec) -> np.ndarray:
+    """The first of `EXPANSION_CODES`, which reads the precision alone: FP8 where the GPU has none."""
+    return np.where(_fp8_refused(precision, cluster), EXPANSION_CODES[0], VALID).astype(np.int8)
+
+
+def micro_batch_codes(
     structures: PlanTable,
     row: np.ndarray,
     micro_batch: np.ndarray,
     grad_accum: np.ndarray,
-    precision: np.ndarray,
-    cluster: ClusterSpec,
     workload: Workload,
 ) -> np.ndarray:
-    """`problem_codes` of structure `row` given `micro_batch`, `grad_accum` and `precision`, for
-    structures that pass every rule of `problem_codes(structures, model, cluster)`: only the rules of
-    `EXPANSION_CODES` can fail then, so only they are checked, on the columns they read (the expanded
-    rows are never built as a table before they pass)."""
+    """The rest of `EXPANSION_CODES`, which read the structure and its micro-batch (and grad_accum)."""
     rules = [
-        _fp8_refused(precision, cluster),
         _batch_refused(micro_batch, grad_accum, structures.dp[row], workload),
         _seq_split_refused(structures, workload)[row],
         _interleave_refused(
             structures.virtual_stages[row], structures.pp[row], structures.engine[row], grad_accum
         ),
     ]
-    return np.select(rules, list(EXPANSION_CODES), default=VALID).astype(np.int8)
+    return np.select(rules, list(EXPANSION_CODES[1:]), default=VALID).astype(np.int8)
 
 
 def _fp8_refused(precision: np.ndarray, cluster: ClusterSpec) -> np.ndarray:
@@ -238,14 +275,23 @@ def _batch_refused(
     return micro_batch * grad_accum * dp != workload.batch_sequences
 
 
+INTERLEAVE_KINDS = ("none", "multiple_of_pp", "rounds_of_pp")
+
+
 def _interleave_refused(
     v: np.ndarray, pp: np.ndarray, engine: np.ndarray, grad_accum: np.ndarray
 ) -> np.ndarray:
-    """An interleaved plan whose micro-batches do not group as its engine's schedule takes them."""
-    takes = np.array([engine_rules(e).interleaved_microbatches for e in ENGINE_CODES])[engine]
-    multiple = (takes == "multiple_of_pp") & (grad_accum % pp != 0)
-    rounds = (takes == "rounds_of_pp") & (grad_accum % np.maximum(1, grad_accum // pp) != 0)
-    return (v > 1) & (multiple | rounds)
+    """An interleaved plan whose micro-batches do not group as its engine's schedule takes them (read on
+    the interleaved rows alone: millions of expanded rows on a large MoE space, most of them plain 1F1B)."""
+    kinds = np.array([INTERLEAVE_KINDS.index(engine_rules(e).interleaved_microbatches) for e in ENGINE_CODES])
+    v, pp, engine, ga = np.broadcast_arrays(v, pp, engine, grad_accum)
+    refused = np.zeros(v.shape, dtype=bool)
+    rows = np.flatnonzero(v > 1)
+    kind, pp, ga = kinds[engine[rows]], pp[rows], ga[rows]
+    multiple = (kind == 1) & (ga % pp != 0)
+    rounds = (kind == 2) & (ga % np.maximum(1, ga // pp) != 0)
+    refused[rows] = multiple | rounds
+    return refused
 
 
 def _seq_split_refused(p: PlanTable, workload: Workload) -> np.ndarray:

@@ -89,7 +89,8 @@ def objective_order(
     return rows[np.lexsort(keys)]  # np.lexsort sorts by the last key first; it is stable
 
 
-def _statuses(est: EstimateTable, budget: Budget) -> np.ndarray:
+def plan_statuses(est: EstimateTable, budget: Budget) -> np.ndarray:
+    """Per plan: over memory, over budget, over deadline, or SELECTED (fits and meets the budget)."""
     no_limit = np.inf
     over_dollars = est.dollars > (budget.max_dollars if budget.max_dollars is not None else no_limit)
     over_hours = est.hours > (budget.max_hours if budget.max_hours is not None else no_limit)
@@ -140,7 +141,7 @@ def select_plan(
     """The lowest-risk plan among those within `resolution` of the best `budget.objective` that fit and
     meet the budget (the best itself when `resolution` is 0 and nothing ties it exactly). `resolution`:
     one log ratio, or one per plan (`tie_resolution`), of which the best plan's applies."""
-    status = _statuses(est, budget)
+    status = plan_statuses(est, budget)
     rows = np.arange(len(est))
     risk = risk_of(plans, est)
     feasible = objective_order(est, rows[status == SELECTED], budget.objective, risk.offloads)

@@ -105,6 +105,9 @@ class EngineRules(BaseModel):
     # "rounds_of_pp" (torch's: m % max(1, m // pp) == 0), or "none" (no interleaving).
     interleaved_microbatches: Literal["multiple_of_pp", "rounds_of_pp", "none"]
     gather_buffers: bool  # separate bucket buffers for the gradient reduce and parameter gather
+    # A pipeline stage frees each micro-batch's output once sent (Megatron's deallocate_pipeline_outputs);
+    # otherwise every micro-batch in flight holds its received input and its sent output.
+    pipeline_output_deallocation: bool
     block_sharding_from_stage: int | None = Field(ge=0, le=3)  # per-block gather/reduce from this stage
     tp_backward_overlap: bool  # input-gradient TP collective behind the weight-gradient GEMM
     pipeline_scatter_gather: bool  # pipeline sends split over the TP ranks, all-gathered after

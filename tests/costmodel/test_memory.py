@@ -276,7 +276,10 @@ def test_a_fused_linear_cross_entropy_keeps_no_logits():
 
 def test_each_stage_holds_send_and_receive_buffers_for_its_own_micro_batches_in_flight():
     """1F1B keeps pp micro-batches in flight on the first stage and one on the last, so the last stage's
-    stage-boundary buffers do not grow with the accumulation steps (they were the first stage's)."""
+    stage-boundary buffers do not grow with the accumulation steps (they were the first stage's).
+    DeepSpeed keeps every in-flight micro-batch's input and output (pipe_buffers); Megatron frees each
+    sent output (deallocate_pipeline_outputs), so its buffers do not grow with the micro-batches in
+    flight either."""
     from service.costmodel.step_memory import stage_memory_terms
     from service.spec import Plan, Workload
     from service.spec.plan_table import PlanTable
@@ -284,12 +287,14 @@ def test_each_stage_holds_send_and_receive_buffers_for_its_own_micro_batches_in_
     model = load_model("llama3-70b")
     boundary = 2 * 4096 * model.hidden_size * 2  # activation and gradient of one micro-batch, bf16
 
-    def buffers(ga: int) -> tuple[float, float]:
-        plan = Plan(engine="megatron", dp=1, tp=8, pp=8, zero_stage=1, micro_batch=1, grad_accum=ga)
+    def buffers(ga: int, engine: str) -> tuple[float, float]:
+        plan = Plan(engine=engine, dp=1, tp=8, pp=8, zero_stage=1, micro_batch=1, grad_accum=ga)
         work = Workload(seq_len=4096, global_batch_sequences=ga, tokens_to_train=1e9)
         first, last = stage_memory_terms(model, work, PlanTable.from_plans([plan]))
         return float(first.buffers[0]), float(last.buffers[0])
 
-    (first_1, last_1), (first_64, last_64) = buffers(1), buffers(64)
+    (first_1, last_1), (first_64, last_64) = buffers(1, "deepspeed"), buffers(64, "deepspeed")
     assert last_64 == pytest.approx(last_1)
     assert first_64 - first_1 == pytest.approx(boundary * (8 - 1))  # 8 in flight against 1
+    (first_1, last_1), (first_64, last_64) = buffers(1, "megatron"), buffers(64, "megatron")
+    assert (first_64, last_64) == pytest.approx((first_1, last_1))

@@ -295,7 +295,7 @@ def test_several_precisions_are_enumerated_together():
 
 
 def test_outside_space_names_the_choice_the_enumeration_does_not_try():
-    from service.plans.enumerate import outside_space
+    from service.plans.space import outside_space
 
     cluster = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=4)
     assert outside_space(Plan(dp=32, zero_stage=3), cluster) is None
