@@ -143,22 +143,10 @@ class PlanResult:
                 f"selected: the lowest-risk plan within the model's resolution of the best {self.objective} "
                 "of the plans that fit and meet the budget"
             )
-        if status == "over memory":
-            return (
-                f"over memory: needs {est.total_bytes[row] / GIB:.1f} GiB per GPU, the limit is "
-                f"{est.memory_limit_bytes[row] / GIB:.1f} GiB "
-                f"after {self.budget.memory_headroom:.0%} headroom"
-            )
-        if status in ("over budget", "over deadline"):
-            return "; ".join(_over_limits(est, row, self.budget))
+        if status in ("over memory", "over budget", "over deadline", "slower", "costlier"):
+            return self._lost(status, est, row)
         assert best is not None
         label = self._ranking.enumeration.plans.row(best).short()
-        if status == "slower":
-            return (
-                f"slower: {est.tokens_per_s[row]:,.0f} tokens/s vs {est.tokens_per_s[best]:,.0f} for {label}"
-            )
-        if status == "costlier":
-            return f"costlier: ${est.dollars[row]:,.0f} vs ${est.dollars[best]:,.0f} for {label}"
         gap = (
             f"${est.dollars[row]:,.0f} vs ${est.dollars[best]:,.0f}"
             if self.objective == "cost"
@@ -186,22 +174,48 @@ class PlanResult:
             return self._pruned(plan)
         return f"not enumerated: {why or 'not a candidate of this enumeration'}"
 
+    def _lost(self, status: str, plan_est: EstimateTable, row: int) -> str:
+        """Why a plan of `status` (over memory or budget, slower, costlier) lost, from its estimate
+        (row `row` of `plan_est`) and the choice's."""
+        if status == "over memory":
+            return (
+                f"over memory: needs {plan_est.total_bytes[row] / GIB:.1f} GiB per GPU, the limit is "
+                f"{plan_est.memory_limit_bytes[row] / GIB:.1f} GiB "
+                f"after {self.budget.memory_headroom:.0%} headroom"
+            )
+        if status in ("over budget", "over deadline"):
+            return "; ".join(_over_limits(plan_est, row, self.budget))
+        est, best = self._ranking.estimates, self._ranking.selection.selected
+        assert best is not None
+        label = self._ranking.enumeration.plans.row(best).short()
+        if status == "slower":
+            ours, theirs = plan_est.tokens_per_s[row], est.tokens_per_s[best]
+            return f"slower: {ours:,.0f} tokens/s vs {theirs:,.0f} for {label}"
+        return f"costlier: ${plan_est.dollars[row]:,.0f} vs ${est.dollars[best]:,.0f} for {label}"
+
     def _pruned(self, plan: Plan) -> str:
-        """Why a plan the bounded ranking did not score lost: its layout's bound against the choice."""
+        """Why a plan the bounded ranking did not score lost: scored on its own, it is over memory or
+        budget, or behind the choice beyond the tie (its layout's bound put it there)."""
+        from service.costmodel import estimate_table
+        from service.costmodel.goodput import with_goodput
         from service.plans.bound import structure_bound_s
 
-        spec, est, sel = self._spec, self._ranking.estimates, self._ranking.selection
-        bound_s = structure_bound_s(
-            spec.model, spec.cluster, spec.workload, PlanTable.from_plans([plan]), self._max_micro_batch,
-            (self._precision,), est.params,  # type: ignore[arg-type]
-        )[0]  # fmt: skip
-        best = sel.selected if sel.selected is not None else int(sel.order[0])
-        label = self._ranking.enumeration.plans.row(best).short()
-        return (
-            f"slower (not scored): no plan of its layout beats {bound_s:,.2f} s per step (the bound on "
-            f"its terms at their best micro-batch, no recompute), against {est.step_time_s[best]:,.2f} s "
-            f"for {label}, beyond the model's resolution"
+        spec, params = self._spec, self._ranking.estimates.params
+        table = PlanTable.from_plans([plan])
+        one = estimate_table(
+            spec.model, spec.cluster, spec.workload, table, self.budget.memory_headroom, params
         )
+        if spec.goodput is not None:
+            one = with_goodput(one, spec.model, spec.cluster, self._precision, spec.goodput)
+        if not one.fits[0]:
+            return self._lost("over memory", one, 0)
+        if _over_limits(one, 0, self.budget):
+            return self._lost("over budget", one, 0)
+        bound_s = structure_bound_s(
+            spec.model, spec.cluster, spec.workload, table, self._max_micro_batch, (self._precision,), params,  # type: ignore[arg-type]
+        )[0]  # fmt: skip
+        lost = self._lost("slower" if self.objective == "throughput" else "costlier", one, 0)
+        return f"{lost} (not scored: its layout's bound, {bound_s:,.2f} s per step, is beyond the tie)"
 
 
 def _message(ranking: Ranking) -> str:

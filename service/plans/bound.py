@@ -112,6 +112,10 @@ class Pruning:
     best: float
 
 
+# Bound and score reach the objective by different float arithmetic (step/N against 1/(N/step)): a
+# layout whose bound equals its plan's step time can land one ulp above the plan's own value. Layouts
+# within this relative margin of the limit are scored.
+ROUNDING_MARGIN = 1e-9
 # The first round scores the structures with the lowest bounds until this many plans (doubling until one
 # fits and meets the budget), to find the best plan the others are measured against.
 FIRST_ROUND_PLANS = 16_384
@@ -165,12 +169,13 @@ def prune_structures(
         return everything, None
     bound_objective = objective_of(bound_s)
     # the first round's structures again, so the second round's feasible plans are all those scored
-    values, feasible, resolution = score(first | (everything & (bound_objective <= values[feasible].min())))
+    incumbent = values[feasible].min() * (1 + ROUNDING_MARGIN)
+    values, feasible, resolution = score(first | (everything & (bound_objective <= incumbent)))
     best = values[feasible].min()
     limit = best * np.exp(resolution[feasible & (values == best)].max())
     ranked = np.sort(values[feasible])
     if keep_top > 0:
         limit = max(limit, ranked[keep_top - 1] if len(ranked) >= keep_top else np.inf)
-    keep = everything & (bound_objective <= limit)
+    keep = everything & (bound_objective <= limit * (1 + ROUNDING_MARGIN))
     skipped = everything & ~keep
     return keep, Pruning(int(skipped.sum()), int(plans_per[skipped].sum()), float(limit), float(best))

@@ -82,8 +82,9 @@ def test_with_no_feasible_plan_nothing_is_pruned() -> None:
 
 
 def test_planner_says_why_a_pruned_plan_lost() -> None:
-    """`Planner(prune=True)`: the same choice as without, and `why_not` of a plan it never scored names
-    its layout's bound against the choice's step time."""
+    """`Planner(prune=True)`: the same choice and top plans as without, and `why_not` of a plan it never
+    scored says what the exhaustive planner says (over memory, over budget, or its numbers against the
+    choice's), then that its layout's bound left it unscored."""
     spec = load_experiment("experiments/llama2-13b-32xh100.yaml")
     exhaustive = Planner(spec, top_k=5).fit()
     pruned = Planner(spec, top_k=5, prune=True).fit()
@@ -91,10 +92,46 @@ def test_planner_says_why_a_pruned_plan_lost() -> None:
     assert pruned.selected.plan == exhaustive.selected.plan
     assert [r.plan for r in pruned.ranked] == [r.plan for r in exhaustive.ranked]
     assert pruned.plans_evaluated < exhaustive.plans_evaluated
-    table = exhaustive._ranking.enumeration.plans
-    scored = {pruned._ranking.enumeration.plans.row(i) for i in range(len(pruned._ranking.enumeration.plans))}
-    slowest = np.argsort(exhaustive._ranking.estimates.step_time_s)[::-1]
-    lost = next(table.row(int(r)) for r in slowest if table.row(int(r)) not in scored)
-    why = pruned.why_not(lost)
-    assert why.startswith("slower (not scored): no plan of its layout beats"), why
-    assert exhaustive.why_not(lost).split(":")[0] in ("slower", "over memory", "costlier")
+    table, scored_table = exhaustive._ranking.enumeration.plans, pruned._ranking.enumeration.plans
+    scored = {scored_table.row(i) for i in range(len(scored_table))}
+    unscored = [table.row(i) for i in range(0, len(table), 7) if table.row(i) not in scored]
+    seen = set()
+    for plan in unscored:
+        full, short = exhaustive.why_not(plan), pruned.why_not(plan)
+        status = full.split(":")[0]
+        seen.add(status)
+        if status in ("slower", "costlier"):
+            assert short == f"{full} (not scored: {short.split('(not scored: ')[1]}", (full, short)
+        else:
+            assert short == full, (full, short)
+    assert {"over memory", "costlier"} <= seen, seen
+
+
+def _feasible_top(ranking, k: int) -> list[str]:
+    sel = ranking.selection
+    return _labels(ranking, [r for r in sel.order if sel.status[r] not in (1, 2, 3)][:k])
+
+
+def test_a_plan_whose_bound_is_its_own_step_time_is_kept() -> None:
+    """A plan without a pipeline, at its layout's largest micro-batch and no recompute, has a bound equal
+    to its step time, which reaches the objective by other float arithmetic and can land one ulp above
+    the plan's own value. With no tie resolution (residuals of scatter 0, as a set fit without
+    cross-validation has) the pruned ranking still selects the best plan, and with a top K beyond the tie
+    group it keeps the K-th (found by a reviewer: both were dropped)."""
+    from service.spec.params import Residuals
+
+    model, cluster = load_model("qwen2.5-7b"), ClusterSpec(gpu="h100-sxm-80gb", num_nodes=1)
+    workload = Workload(seq_len=4096, global_batch_sequences=24, tokens_to_train=1e10)
+    params = load_params().model_copy(update={"residuals": Residuals()})
+    budget = Budget(objective="cost")
+    full = rank_plans(model, cluster, workload, budget, engines=ENGINES, params=params)
+    pruned = rank_plans(model, cluster, workload, budget, engines=ENGINES, params=params, prune=True)
+    assert full.selection.selected is not None and pruned.selection.selected is not None
+    assert _labels(pruned, [pruned.selection.selected]) == _labels(full, [full.selection.selected])
+
+    model, cluster = load_model("llama2-13b"), ClusterSpec(gpu="a100-sxm-80gb", num_nodes=4)
+    workload = Workload(seq_len=2048, global_batch_sequences=96, tokens_to_train=1e10)
+    full = rank_plans(model, cluster, workload, budget, engines=ENGINES)
+    for k in (164, 173):
+        pruned = rank_plans(model, cluster, workload, budget, engines=ENGINES, prune=True, keep_top=k)
+        assert _feasible_top(pruned, k) == _feasible_top(full, k), k
