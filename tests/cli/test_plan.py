@@ -66,6 +66,20 @@ def test_plan_json_has_the_contract_fields(capsys):
     assert data["rejected_counts"]["over memory"] > 0
 
 
+def test_plan_prune_scores_fewer_plans_and_chooses_the_same(capsys):
+    """`plan --prune` (the bounded ranking): the same choice and top plans, fewer plans scored, and every
+    candidate still accounted for (the unscored ones as "slower (bounded, not scored)")."""
+    assert main(["plan", str(EXPERIMENT), "--top", "3", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main(["plan", str(EXPERIMENT), "--top", "3", "--json", "--prune"]) == 0
+    pruned = json.loads(capsys.readouterr().out)
+    assert pruned["selected"]["label"] == full["selected"]["label"]
+    assert [r["label"] for r in pruned["ranked"]] == [r["label"] for r in full["ranked"]]
+    assert pruned["plans_evaluated"] < full["plans_evaluated"]
+    assert pruned["rejected_counts"]["slower (bounded, not scored)"] > 0
+    assert sum(pruned["rejected_counts"].values()) + 1 == pruned["candidates"] == full["candidates"]
+
+
 def test_plan_with_an_unmeetable_budget_names_the_binding_constraint(tmp_path, capsys):
     path = write_experiment(tmp_path, "poor", lambda d: d["budget"].update(max_dollars=50))
     assert main(["plan", str(path), "--json"]) == 1
