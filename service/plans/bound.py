@@ -54,10 +54,11 @@ def bound_micro_batch(structures: PlanTable, workload: Workload, max_micro_batch
 
 
 def bound_rows(
-    structures: PlanTable, workload: Workload, max_micro_batch: int, precisions: Sequence[Precision]
+    structures: PlanTable, workload: Workload, largest_mb: np.ndarray, precisions: Sequence[Precision]
 ) -> PlanTable:
-    """Each structure once per precision (precision-major) at its largest micro-batch, no recompute."""
-    mb = np.maximum(bound_micro_batch(structures, workload, max_micro_batch), 1)
+    """Each structure once per precision (precision-major) at its largest micro-batch
+    (`bound_micro_batch`), no recompute."""
+    mb = np.maximum(largest_mb, 1)
     ga = np.maximum(workload.batch_sequences // (structures.dp * mb), 1)  # exact where mb is not 0
     zeros = np.zeros(len(structures), dtype=np.int64)
     return concat(
@@ -86,17 +87,17 @@ def structure_bound_s(
     """Seconds per step no plan of each structure beats (inf where no micro-batch fits its batch)."""
     from service.costmodel.step_time import step_time_terms
 
-    n = len(structures)
-    rows = bound_rows(structures, workload, max_micro_batch, precisions)
+    n, largest_mb = len(structures), bound_micro_batch(structures, workload, max_micro_batch)
+    rows = bound_rows(structures, workload, largest_mb, precisions)
     total = np.zeros(n)
     for name, term in step_time_terms(model, cluster, workload, rows, params).items():
-        values = np.broadcast_to(np.asarray(term, dtype=float), (len(rows),))
         if name in ZERO_BOUNDED_TERMS:
             continue
+        values = np.broadcast_to(np.asarray(term, dtype=float), (len(rows),))
         if name == "ep_comm":
             values = np.where(rows.ep_comm_overlap, 0.0, values)
         total += values.reshape(len(precisions), n).min(axis=0)
-    return np.where(bound_micro_batch(structures, workload, max_micro_batch) > 0, total, np.inf)
+    return np.where(largest_mb > 0, total, np.inf)
 
 
 @dataclass(frozen=True)
