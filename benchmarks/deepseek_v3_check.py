@@ -34,7 +34,7 @@ from service.costmodel import memory as mem
 from service.costmodel.estimate import estimate_table
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate
-from service.costmodel.step_time import effective_gpu, links
+from service.costmodel.step_time import effective_gpu, links, step_time_terms
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, load_params
@@ -130,9 +130,13 @@ def prediction(est: Estimate, num_gpus: int, target: float) -> dict[str, Any]:
     }
 
 
-def exposed_per_step_s(grad_accum: int, a2a_s: float, compute_s: float, contention: float) -> float:
-    """A step's exposed all-to-all as the plan's 1F1B overlap prices it (expert_exchange.paired_exposed_s)."""
-    return grad_accum * float(expert_exchange.paired_exposed_s(a2a_s, compute_s, grad_accum, contention))
+def exposed_per_step_s(pieces: dict[str, Any], a2a_s: float) -> float:
+    """A step's exposed all-to-all if a micro-batch's exchange took `a2a_s` beside the plan's own compute,
+    overlapped block by block as the plan prices it (expert_exchange.paired_exposed_s, with the pieces
+    step_time_terms priced it from, every all-to-all scaled alike)."""
+    scale = a2a_s / float(pieces["a2a_s"][0])
+    scaled = {**pieces, "a2a_s": pieces["a2a_s"] * scale, "exchange_s": pieces["exchange_s"] * scale}
+    return float(pieces["grad_accum"][0]) * float(expert_exchange.paired_exposed_s(**scaled)[0])
 
 
 def all_to_all_per_micro_batch(
@@ -152,12 +156,14 @@ def all_to_all_per_micro_batch(
     a2a = 2.0 * float(one_pass[0]) * moe_layers  # forward and backward
     compute = est.time_breakdown_s.compute / est.plan.grad_accum
     contention = params["overlap_contention"]
-    exposed = exposed_per_step_s(est.plan.grad_accum, a2a, compute, contention)
+    pieces: dict[str, Any] = {}
+    step_time_terms(model, cluster, workload, p, params, ep_overlap=pieces)
+    exposed = exposed_per_step_s(pieces, a2a)
     return {
         "moe_layers_on_busiest_stage": moe_layers, "load_factor": float(load[0]),
         "all_to_all_efficiency": nic, "all_to_all_s": a2a, "compute_s": compute,
         "communication_over_computation": a2a / compute, "overlap_contention": contention,
-        "exposed_per_step_s": exposed,
+        "exposed_per_step_s": exposed, "overlap_pieces": pieces,
     }  # fmt: skip
 
 
@@ -276,13 +282,12 @@ def what_it_would_take(
     est: Estimate, a2a: dict[str, float], node_limited: dict[str, float], bubble: dict[str, float], mtp: float
 ) -> dict[str, float]:
     """Step time with the unpriced mechanisms in, each a change (s) on the priced terms: the all-to-all
-    as DeepSeek's kernels move it, behind the compute with NCCL's contention as the plan prices it;
-    DualPipe's bubble; the MTP module's FLOPs at the step's compute rate. The upper end also takes the
-    20 SMs from every kernel of the step (compute and recompute × 132/112), the overlapped all-to-all
-    then costing nothing more; the lower end does not."""
-    t, ga = est.time_breakdown_s, est.plan.grad_accum
-    exchange, compute = node_limited["all_to_all_s"], a2a["compute_s"]
-    contended = exposed_per_step_s(ga, exchange, compute, a2a["overlap_contention"])
+    as DeepSeek's kernels move it, behind the plan's compute block by block with NCCL's contention, as
+    the plan prices it; DualPipe's bubble; the MTP module's FLOPs at the step's compute rate. The upper end
+    also takes the 20 SMs from every kernel of the step (compute and recompute × 132/112), the hidden
+    all-to-all then costing no contention of its own; the lower end does not."""
+    t, exchange = est.time_breakdown_s, node_limited["all_to_all_s"]
+    contended = exposed_per_step_s(a2a["overlap_pieces"], exchange)
     changes = {
         "all_to_all_s": contended - t.ep_comm,
         "dualpipe_bubble_s": bubble["change_s"],
@@ -290,7 +295,8 @@ def what_it_would_take(
     }
     sm_cost = (SMS / (SMS - COMM_SMS) - 1.0) * (t.compute + t.recompute)
     lower = est.step_time_s + sum(changes.values())
-    upper = lower + sm_cost + ga * max(0.0, exchange - compute) - contended
+    uncontended = exposed_per_step_s({**a2a["overlap_pieces"], "contention": 0.0}, exchange)
+    upper = lower + sm_cost + uncontended - contended
     return {
         **changes,
         "twenty_sms_s_upper_bound": sm_cost,
@@ -308,14 +314,13 @@ def score(params_path: str | None = None) -> dict[str, Any]:
     limited = node_limited_all_to_all(model, workload, a2a["moe_layers_on_busiest_stage"], a2a["load_factor"])
     limited["communication_over_computation"] = limited["all_to_all_s"] / a2a["compute_s"]
     # At the report's own ratio (§3.2.1, "approximately 1:1"), overlapped as the plan prices it.
-    at_one = exposed_per_step_s(
-        est.plan.grad_accum, a2a["compute_s"], a2a["compute_s"], a2a["overlap_contention"]
-    )
+    at_one = exposed_per_step_s(a2a["overlap_pieces"], a2a["compute_s"])
     a2a["exposed_per_step_s_at_report_ratio"] = at_one
     bubble = dualpipe_bubble_s(est)
     saved = moe_saved_bytes_per_token(model, est, a2a["load_factor"])
     mtp = mtp_share(model, workload.seq_len)
     take = what_it_would_take(est, a2a, limited, bubble, mtp)
+    del a2a["overlap_pieces"]  # arrays, for the variants above; not part of the result
     tokens_per_step = GLOBAL_BATCH * workload.seq_len
     for end in ("lower", "upper"):
         per_gpu = tokens_per_step / (take[f"step_time_s_{end}"] * cluster.num_gpus)

@@ -169,13 +169,43 @@ def forward_s(
     return np.asarray(one * moe_blocks, dtype=float)
 
 
-def paired_exposed_s(a2a_s: Num, compute_s: Num, grad_accum: Num, contention: float) -> np.ndarray:
-    """A micro-batch's exposed all-to-all under Megatron-Core's 1F1B overlap (Plan.ep_comm_overlap),
-    which runs one micro-batch's forward beside another's backward (core.pipeline_parallel combined_1f1b),
-    hiding each one's all-to-alls behind the other's compute as the other overlapped collectives hide
+def paired_exposed_s(
+    a2a_s: Num,
+    exchange_s: Num,
+    attention_fwd_s: Num,
+    attention_bwd_s: Num,
+    experts_fwd_s: Num,
+    moe_blocks: Num,
+    grad_accum: Num,
+    contention: float,
+) -> np.ndarray:
+    """A micro-batch's exposed all-to-all under Megatron-Core's 1F1B overlap (Plan.ep_comm_overlap), which
+    runs one micro-batch's forward through a block beside another's backward through a block, in three
+    phases on two streams (Megatron-LM models/common/model_chunk_schedule_plan.py,
+    `TransformerLayerSchedulePlan.run`):
+
+        comm: combine_bwd | dispatch_fwd -> dispatch_bwd     | combine_fwd
+        comp: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd
+
+    Each phase ends when both streams have; inside the middle one, dispatch_bwd waits for mlp_bwd's
+    output and mlp_fwd for dispatch_fwd's. So an all-to-all hides only behind the compute it is paired
+    with: a block whose attention is short leaves its combines exposed however long its experts run.
+    Per MoE block: one dispatch or combine takes `exchange_s` (C = D), its expert forward M
+    (`experts_fwd_s`; dgrad and wgrad M each, with --delay-wgrad-compute), its attention side A_f and A_b
+    (`attention_fwd_s`, `attention_bwd_s`: the rest of the block, forward and backward); what runs beside
+    an all-to-all loses `contention` of the overlap, as the other overlapped collectives do
     (comm.overlapped_exposed_s). The first forward and the last backward have no partner: (ga − 1)/ga of
-    the all-to-alls can hide, none at ga 1. (A pipeline's warm-up forwards and cool-down backwards are
-    unpaired too; that is not priced here.)"""
+    the block pairs overlap, none at ga 1; their all-to-alls, and any beyond the four per block (`a2a_s`
+    is the micro-batch's whole exchange: a fully recomputed forward's too), are exposed. (A pipeline's
+    warm-up forwards and cool-down backwards are unpaired too; that is not priced here.)"""
+    x, m = np.asarray(exchange_s, dtype=float), np.asarray(experts_fwd_s, dtype=float)
+    a_f, a_b = np.asarray(attention_fwd_s, dtype=float), np.asarray(attention_bwd_s, dtype=float)
+    middle = np.maximum(np.maximum(x, m) + x, np.maximum(2 * m, x) + m)
+    pair = np.maximum(x, a_f) + middle + np.maximum(x, a_b)
+    exposed = pair - (a_f + a_b + 3 * m)
+    hidden = np.maximum(4 * x - exposed, 0.0)
+    overlapped = moe_blocks * (exposed + contention * hidden)
+    rest = np.asarray(a2a_s, dtype=float) - moe_blocks * 4 * x
     paired = (np.asarray(grad_accum, dtype=float) - 1) / grad_accum
-    hidden = comm.overlapped_exposed_s(a2a_s, compute_s, contention)
-    return np.asarray(paired * hidden + (1 - paired) * np.asarray(a2a_s, dtype=float), dtype=float)
+    alone = np.asarray(a2a_s, dtype=float)
+    return np.asarray(paired * (overlapped + rest) + (1 - paired) * alone, dtype=float)

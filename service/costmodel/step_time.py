@@ -4,6 +4,8 @@ bubble, offload and framework overhead (the slowest stage sets the pace)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from service.costmodel import (
@@ -76,10 +78,17 @@ def dense_mlp_share(model: ModelSpec) -> float:
 
 
 def step_time_terms(
-    model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    workload: Workload,
+    p: PlanTable,
+    params: ModelParams,
+    ep_overlap: dict[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """Seconds per optimizer step by term, after overlap (the slowest pipeline stage). A MoE model's
-    routed experts are priced by costmodel/moe.py, the rest of it as its dense view."""
+    routed experts are priced by costmodel/moe.py, the rest of it as its dense view. `ep_overlap`, where
+    given, receives the per-micro-batch pieces the all-to-all overlap was priced from (the arguments of
+    expert_exchange.paired_exposed_s), for benchmarks that price other exchanges beside the same compute."""
     whole, model = model, model.dense_view()
     gpu, s = effective_gpu(cluster.gpu, params), workload.seq_len
     net = links(params)
@@ -183,9 +192,19 @@ def step_time_terms(
     )
     # The dispatch and combine all-to-alls run forward, backward and in a fully recomputed forward;
     # Megatron-Core's 1F1B all-to-all overlap (Plan.ep_comm_overlap) hides them behind another
-    # micro-batch's compute (expert_exchange.paired_exposed_s).
+    # micro-batch's compute, block by block (expert_exchange.paired_exposed_s).
     a2a = experts_a2a * (2 + ((p.recompute == 2) | (megatron_modules & ("moe" in modules))))
-    hidden_a2a = expert_exchange.paired_exposed_s(a2a, fwd + bwd, p.grad_accum, contention)
+    per_block = np.maximum(moe_blocks, 1)
+    pieces: dict[str, Any] = {
+        "a2a_s": a2a, "exchange_s": experts_a2a / (2 * per_block),
+        "attention_fwd_s": (blocks_fwd - experts) / layers,
+        "attention_bwd_s": (blocks_bwd - 2 * experts) / layers,
+        "experts_fwd_s": experts / per_block, "moe_blocks": moe_blocks, "grad_accum": p.grad_accum,
+        "contention": contention,
+    }  # fmt: skip
+    if ep_overlap is not None:
+        ep_overlap.update(pieces)
+    hidden_a2a = expert_exchange.paired_exposed_s(**pieces)
     ep_mb = np.where(p.ep_comm_overlap, hidden_a2a, a2a)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
     # With fewer micro-batches than stages a chunk's round trip takes pp chunk slots of which only ga are

@@ -124,7 +124,9 @@ class Workload(BaseModel):
         description="How a megatron plan's MoE blocks send tokens to their experts. alltoall: NCCL's "
         "all-to-all, every routed copy on its own (Megatron-Core's alltoall dispatcher). deepep: DeepSeek's "
         "DeepEP (Megatron-Core's flex dispatcher), a token crosses the network once per remote node its "
-        "experts are on and reaches them over NVLink there (arXiv 2412.19437 §3.2.2).",
+        "experts are on and reaches them over NVLink there (arXiv 2412.19437 §3.2.2); also NVIDIA's "
+        "HybridEP (the flex dispatcher's hybridep backend, DeepEP's hybrid-ep branch), which moves tokens "
+        "the same way: over RDMA to each remote node once, then over NVLink inside it.",
     )
 
     moe_load_imbalance: float = Field(
