@@ -155,9 +155,10 @@ def all_to_all_per_micro_batch(
     )
     a2a = 2.0 * float(one_pass[0]) * moe_layers  # forward and backward
     compute = est.time_breakdown_s.compute / est.plan.grad_accum
-    contention = params["overlap_contention"]
     pieces: dict[str, Any] = {}
     step_time_terms(model, cluster, workload, p, params, ep_overlap=pieces)
+    # DeepEP's SMs (expert_exchange.overlap_contention)
+    contention = float(np.asarray(pieces["contention"])[0])
     exposed = exposed_per_step_s(pieces, a2a)
     return {
         "moe_layers_on_busiest_stage": moe_layers, "load_factor": float(load[0]),
@@ -281,8 +282,8 @@ def memory(est: Estimate, seq_len: int, moe_layers: float, saved: dict[str, floa
 def what_it_would_take(
     est: Estimate, a2a: dict[str, float], node_limited: dict[str, float], bubble: dict[str, float], mtp: float
 ) -> dict[str, float]:
-    """Step time with the unpriced mechanisms in, each a change (s) on the priced terms: the all-to-all
-    as DeepSeek's kernels move it, behind the plan's compute block by block with NCCL's contention, as
+    """Step time with the unpriced mechanisms in, each a change (s) on the priced terms: the all-to-all as
+    DeepSeek's kernels move it, behind the plan's compute block by block with DeepEP's SMs taken from it, as
     the plan prices it; DualPipe's bubble; the MTP module's FLOPs at the step's compute rate. The upper end
     also takes the 20 SMs from every kernel of the step (compute and recompute × 132/112), the hidden
     all-to-all then costing no contention of its own; the lower end does not."""

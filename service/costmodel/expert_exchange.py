@@ -169,6 +169,23 @@ def forward_s(
     return np.asarray(one * moe_blocks, dtype=float)
 
 
+# SMs DeepEP's normal (training) kernels hold while they run: `Buffer.num_sms` (deep_ep/buffer.py, 20 by
+# default); DeepSeek-V3 §3.2.2: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and
+# NVLink", of an H800's 132 (§3.5.1).
+DEEPEP_SMS = 20
+
+
+def overlap_contention(p: PlanTable, dispatcher: str, gpu: GPUSpec, contention: float) -> np.ndarray:
+    """Compute lost per second of an exchange hidden behind it (comm.overlapped_exposed_s): DeepEP's
+    kernels hold DEEPEP_SMS of the GPU's SMs for as long as they run, so the compute beside them runs
+    on the rest: DEEPEP_SMS / sm_count (0.15 on Hopper) where the plan's dispatcher is DeepEP (Megatron
+    plans, `Workload.moe_dispatcher`) and the catalog counts the SMs; NCCL's `contention` (fitted on
+    dense overlap) otherwise, and never less than it."""
+    deepep = p.engine_column("transformer_engine") & (dispatcher == "deepep")
+    share = DEEPEP_SMS / gpu.sm_count if gpu.sm_count else 0.0
+    return np.where(deepep, max(contention, share), contention)
+
+
 def paired_exposed_s(
     a2a_s: Num,
     exchange_s: Num,
@@ -177,7 +194,7 @@ def paired_exposed_s(
     experts_fwd_s: Num,
     moe_blocks: Num,
     grad_accum: Num,
-    contention: float,
+    contention: Num,
 ) -> np.ndarray:
     """A micro-batch's exposed all-to-all under Megatron-Core's 1F1B overlap (Plan.ep_comm_overlap), which
     runs one micro-batch's forward through a block beside another's backward through a block, in three
@@ -190,14 +207,14 @@ def paired_exposed_s(
     Each phase ends when both streams have; inside the middle one, dispatch_bwd waits for mlp_bwd's
     output and mlp_fwd for dispatch_fwd's. So an all-to-all hides only behind the compute it is paired
     with: a block whose attention is short leaves its combines exposed however long its experts run.
-    Per MoE block: one dispatch or combine takes `exchange_s` (C = D), its expert forward M
-    (`experts_fwd_s`; dgrad and wgrad M each, with --delay-wgrad-compute), its attention side A_f and A_b
-    (`attention_fwd_s`, `attention_bwd_s`: the rest of the block, forward and backward); what runs beside
-    an all-to-all loses `contention` of the overlap, as the other overlapped collectives do
-    (comm.overlapped_exposed_s). The first forward and the last backward have no partner: (ga − 1)/ga of
-    the block pairs overlap, none at ga 1; their all-to-alls, and any beyond the four per block (`a2a_s`
-    is the micro-batch's whole exchange: a fully recomputed forward's too), are exposed. (A pipeline's
-    warm-up forwards and cool-down backwards are unpaired too; that is not priced here.)"""
+    Per MoE block: one dispatch or combine takes `exchange_s` (C = D), its expert forward M (`experts_fwd_s`;
+    dgrad and wgrad M each, with --delay-wgrad-compute), its attention side A_f and A_b (`attention_fwd_s`,
+    `attention_bwd_s`: the rest of the block, forward and backward); what runs beside an all-to-all loses
+    `contention` of the overlap (`overlap_contention`), as the other overlapped collectives do
+    (comm.overlapped_exposed_s). The first forward and the last backward have no partner: (ga − 1)/ga of the
+    block pairs overlap, none at ga 1; their all-to-alls, and any beyond the four per block (`a2a_s` is the
+    micro-batch's whole exchange: a fully recomputed forward's too), are exposed. (A pipeline's warm-up
+    forwards and cool-down backwards are unpaired too; that is not priced here.)"""
     x, m = np.asarray(exchange_s, dtype=float), np.asarray(experts_fwd_s, dtype=float)
     a_f, a_b = np.asarray(attention_fwd_s, dtype=float), np.asarray(attention_bwd_s, dtype=float)
     middle = np.maximum(np.maximum(x, m) + x, np.maximum(2 * m, x) + m)

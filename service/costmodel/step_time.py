@@ -200,7 +200,7 @@ def step_time_terms(
         "attention_fwd_s": (blocks_fwd - experts) / layers,
         "attention_bwd_s": (blocks_bwd - 2 * experts) / layers,
         "experts_fwd_s": experts / per_block, "moe_blocks": moe_blocks, "grad_accum": p.grad_accum,
-        "contention": contention,
+        "contention": expert_exchange.overlap_contention(p, workload.moe_dispatcher, gpu, contention),
     }  # fmt: skip
     if ep_overlap is not None:
         ep_overlap.update(pieces)

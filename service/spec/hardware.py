@@ -65,6 +65,12 @@ class GPUSpec(BaseModel):
     kernel_overhead_us: float = Field(
         4.0, ge=0, description="Launch and scheduling cost per kernel (µs), paid by small shapes."
     )
+    sm_count: int | None = Field(
+        None,
+        gt=0,
+        description="Streaming multiprocessors: what the kernels of a communication library that holds a "
+        "fixed number of them (DeepEP) leave the compute beside it. None: not priced (CPU, inline specs).",
+    )
     framework_overhead_gib: float = Field(
         gt=0, description="Memory the runtime takes before any tensor: CUDA context, allocator slack (GiB)."
     )

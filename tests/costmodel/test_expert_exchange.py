@@ -52,3 +52,26 @@ def test_without_a_second_micro_batch_nothing_hides():
 def test_what_hides_still_costs_the_contention_of_running_beside_compute():
     hidden = float(paired_exposed_s(4.0, 1.0, 2.0, 4.0, 1.0, 1, 10**6, 0.25))
     assert hidden == pytest.approx(0.25 * 4.0, rel=1e-5)
+
+
+def test_deepeps_kernels_take_their_sms_from_the_compute_beside_them():
+    """DeepEP holds 20 SMs while it runs: the compute beside a hidden exchange runs on the rest, 20/132
+    on Hopper, 20/148 on B200; NCCL's all-to-all keeps the fitted contention, as does a GPU whose SMs
+    the catalog does not count, and the fitted value is a floor."""
+    from service.catalog import load_gpu
+    from service.costmodel.expert_exchange import DEEPEP_SMS, overlap_contention
+    from service.spec import Plan
+    from service.spec.plan_table import PlanTable
+
+    table = PlanTable.from_plans(
+        [Plan(engine="megatron", dp=16, ep=16, zero_stage=1), Plan(dp=16, ep=16, zero_stage=1)]
+    )
+    h100, b200 = load_gpu("h100-sxm-80gb"), load_gpu("b200-sxm-180gb")
+    assert DEEPEP_SMS == 20 and h100.sm_count == 132 and b200.sm_count == 148
+    megatron, deepspeed = overlap_contention(table, "deepep", h100, 0.04)
+    assert megatron == pytest.approx(20 / 132) and deepspeed == pytest.approx(0.04)
+    assert overlap_contention(table, "deepep", b200, 0.04)[0] == pytest.approx(20 / 148)
+    assert overlap_contention(table, "alltoall", h100, 0.04)[0] == pytest.approx(0.04)
+    uncounted = h100.model_copy(update={"sm_count": None})
+    assert overlap_contention(table, "deepep", uncounted, 0.04)[0] == pytest.approx(0.04)
+    assert overlap_contention(table, "deepep", h100, 1.0)[0] == pytest.approx(1.0)  # overlap off
