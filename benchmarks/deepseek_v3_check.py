@@ -130,13 +130,13 @@ def prediction(est: Estimate, num_gpus: int, target: float) -> dict[str, Any]:
     }
 
 
-def exposed_per_step_s(pieces: dict[str, Any], a2a_s: float) -> float:
+def exposed_per_step_s(pieces: dict[str, Any], a2a_s: float, grad_accum: int) -> float:
     """A step's exposed all-to-all if a micro-batch's exchange took `a2a_s` beside the plan's own compute,
     overlapped block by block as the plan prices it (expert_exchange.paired_exposed_s, with the pieces
     step_time_terms priced it from, every all-to-all scaled alike)."""
     scale = a2a_s / float(pieces["a2a_s"][0])
     scaled = {**pieces, "a2a_s": pieces["a2a_s"] * scale, "exchange_s": pieces["exchange_s"] * scale}
-    return float(pieces["grad_accum"][0]) * float(expert_exchange.paired_exposed_s(**scaled)[0])
+    return grad_accum * float(expert_exchange.paired_exposed_s(**scaled)[0])
 
 
 def all_to_all_per_micro_batch(
@@ -159,7 +159,7 @@ def all_to_all_per_micro_batch(
     step_time_terms(model, cluster, workload, p, params, ep_overlap=pieces)
     # DeepEP's SMs (expert_exchange.overlap_contention)
     contention = float(np.asarray(pieces["contention"])[0])
-    exposed = exposed_per_step_s(pieces, a2a)
+    exposed = exposed_per_step_s(pieces, a2a, est.plan.grad_accum)
     return {
         "moe_layers_on_busiest_stage": moe_layers, "load_factor": float(load[0]),
         "all_to_all_efficiency": nic, "all_to_all_s": a2a, "compute_s": compute,
@@ -288,7 +288,7 @@ def what_it_would_take(
     also takes the 20 SMs from every kernel of the step (compute and recompute × 132/112), the hidden
     all-to-all then costing no contention of its own; the lower end does not."""
     t, exchange = est.time_breakdown_s, node_limited["all_to_all_s"]
-    contended = exposed_per_step_s(a2a["overlap_pieces"], exchange)
+    contended = exposed_per_step_s(a2a["overlap_pieces"], exchange, est.plan.grad_accum)
     changes = {
         "all_to_all_s": contended - t.ep_comm,
         "dualpipe_bubble_s": bubble["change_s"],
@@ -296,7 +296,9 @@ def what_it_would_take(
     }
     sm_cost = (SMS / (SMS - COMM_SMS) - 1.0) * (t.compute + t.recompute)
     lower = est.step_time_s + sum(changes.values())
-    uncontended = exposed_per_step_s({**a2a["overlap_pieces"], "contention": 0.0}, exchange)
+    uncontended = exposed_per_step_s(
+        {**a2a["overlap_pieces"], "contention": 0.0}, exchange, est.plan.grad_accum
+    )
     upper = lower + sm_cost + uncontended - contended
     return {
         **changes,
@@ -315,7 +317,7 @@ def score(params_path: str | None = None) -> dict[str, Any]:
     limited = node_limited_all_to_all(model, workload, a2a["moe_layers_on_busiest_stage"], a2a["load_factor"])
     limited["communication_over_computation"] = limited["all_to_all_s"] / a2a["compute_s"]
     # At the report's own ratio (§3.2.1, "approximately 1:1"), overlapped as the plan prices it.
-    at_one = exposed_per_step_s(a2a["overlap_pieces"], a2a["compute_s"])
+    at_one = exposed_per_step_s(a2a["overlap_pieces"], a2a["compute_s"], est.plan.grad_accum)
     a2a["exposed_per_step_s_at_report_ratio"] = at_one
     bubble = dualpipe_bubble_s(est)
     saved = moe_saved_bytes_per_token(model, est, a2a["load_factor"])

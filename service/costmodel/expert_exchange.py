@@ -186,6 +186,23 @@ def overlap_contention(p: PlanTable, dispatcher: str, gpu: GPUSpec, contention: 
     return np.where(deepep, max(contention, share), contention)
 
 
+def overlap_paired_share(pp: Num, virtual_stages: Num, grad_accum: Num) -> np.ndarray:
+    """Share of a step's forward (and backward) chunk passes that Megatron-Core's 1F1B all-to-all overlap
+    pairs, on the first pipeline stage. Only the steady state runs a forward beside a backward; the
+    warm-up's forwards and the cool-down's backwards run alone. The first stage warms up with
+    2(pp − 1) + (v − 1)·pp chunk forwards (the interleaved schedule, micro-batch groups of pp), plus one
+    when the overlap is on, "to ensure the forward and backward computations are independent in all 1f1b
+    steps" (megatron/core/pipeline_parallel/schedules.py `get_pp_rank_microbatches`; Megatron-Core needs
+    virtual stages for the overlap with a pipeline, so pp > 1 with v = 1 is read as 1F1B's pp − 1 plus
+    one). Without a pipeline the first forward and the last backward run alone. Of ga·v chunk passes,
+    (ga·v − warm-up)/(ga·v) pair, none when the warm-up takes them all."""
+    pp_a, v_a = np.asarray(pp, dtype=float), np.asarray(virtual_stages, dtype=float)
+    total = np.asarray(grad_accum, dtype=float) * v_a
+    interleaved = 2 * (pp_a - 1) + (v_a - 1) * pp_a + 1
+    warmup = np.where(pp_a == 1, 1.0, np.where(v_a > 1, interleaved, pp_a))
+    return np.asarray(np.clip((total - warmup) / total, 0.0, 1.0), dtype=float)
+
+
 def paired_exposed_s(
     a2a_s: Num,
     exchange_s: Num,
@@ -193,7 +210,7 @@ def paired_exposed_s(
     attention_bwd_s: Num,
     experts_fwd_s: Num,
     moe_blocks: Num,
-    grad_accum: Num,
+    paired_share: Num,
     contention: Num,
 ) -> np.ndarray:
     """A micro-batch's exposed all-to-all under Megatron-Core's 1F1B overlap (Plan.ep_comm_overlap), which
@@ -211,10 +228,9 @@ def paired_exposed_s(
     dgrad and wgrad M each, with --delay-wgrad-compute), its attention side A_f and A_b (`attention_fwd_s`,
     `attention_bwd_s`: the rest of the block, forward and backward); what runs beside an all-to-all loses
     `contention` of the overlap (`overlap_contention`), as the other overlapped collectives do
-    (comm.overlapped_exposed_s). The first forward and the last backward have no partner: (ga − 1)/ga of the
-    block pairs overlap, none at ga 1; their all-to-alls, and any beyond the four per block (`a2a_s` is the
-    micro-batch's whole exchange: a fully recomputed forward's too), are exposed. (A pipeline's warm-up
-    forwards and cool-down backwards are unpaired too; that is not priced here.)"""
+    (comm.overlapped_exposed_s). `paired_share` of the passes pair (`overlap_paired_share`: the pipeline's
+    warm-up forwards and cool-down backwards run alone); their all-to-alls, and any beyond the four per
+    block (`a2a_s` is the micro-batch's whole exchange: a fully recomputed forward's too), are exposed."""
     x, m = np.asarray(exchange_s, dtype=float), np.asarray(experts_fwd_s, dtype=float)
     a_f, a_b = np.asarray(attention_fwd_s, dtype=float), np.asarray(attention_bwd_s, dtype=float)
     middle = np.maximum(np.maximum(x, m) + x, np.maximum(2 * m, x) + m)
@@ -223,6 +239,6 @@ def paired_exposed_s(
     hidden = np.maximum(4 * x - exposed, 0.0)
     overlapped = moe_blocks * (exposed + contention * hidden)
     rest = np.asarray(a2a_s, dtype=float) - moe_blocks * 4 * x
-    paired = (np.asarray(grad_accum, dtype=float) - 1) / grad_accum
+    paired = np.asarray(paired_share, dtype=float)
     alone = np.asarray(a2a_s, dtype=float)
     return np.asarray(paired * (overlapped + rest) + (1 - paired) * alone, dtype=float)

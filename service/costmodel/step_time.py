@@ -199,7 +199,8 @@ def step_time_terms(
         "a2a_s": a2a, "exchange_s": experts_a2a / (2 * per_block),
         "attention_fwd_s": (blocks_fwd - experts) / layers,
         "attention_bwd_s": (blocks_bwd - 2 * experts) / layers,
-        "experts_fwd_s": experts / per_block, "moe_blocks": moe_blocks, "grad_accum": p.grad_accum,
+        "experts_fwd_s": experts / per_block, "moe_blocks": moe_blocks,
+        "paired_share": expert_exchange.overlap_paired_share(p.pp, p.virtual_stages, p.grad_accum),
         "contention": expert_exchange.overlap_contention(p, workload.moe_dispatcher, gpu, contention),
     }  # fmt: skip
     if ep_overlap is not None:

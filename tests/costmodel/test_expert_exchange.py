@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.costmodel.expert_exchange import paired_exposed_s
+from service.costmodel.expert_exchange import overlap_paired_share, paired_exposed_s
 
 
 def exposed(
@@ -14,7 +14,7 @@ def exposed(
     """One micro-batch's exposed exchange: `blocks` MoE blocks, each with four all-to-alls of x seconds,
     at contention 0; `rest` more seconds of exchange outside the pairs (a recomputed forward's)."""
     a2a = blocks * 4 * x + rest
-    return float(paired_exposed_s(a2a, x, a_f, a_b, m, blocks, ga, 0.0))
+    return float(paired_exposed_s(a2a, x, a_f, a_b, m, blocks, overlap_paired_share(1, 1, ga), 0.0))
 
 
 def test_a_block_with_room_on_both_sides_hides_all_four_all_to_alls():
@@ -49,8 +49,19 @@ def test_without_a_second_micro_batch_nothing_hides():
     assert exposed(1.0, 2.0, 4.0, 1.0, ga=1) == pytest.approx(4.0)
 
 
+def test_a_pipelines_warm_up_and_cool_down_run_alone():
+    """Megatron's interleaved schedule warms the first stage up with 2(pp - 1) + (v - 1)pp chunk forwards,
+    one more with the overlap on; only the rest pair. pp 8 x 4 chunks, 128 micro-batches: 39 of 512
+    chunk passes alone. Without a pipeline, the first forward and the last backward."""
+    assert overlap_paired_share(8, 4, 128) == pytest.approx((512 - 39) / 512)
+    assert overlap_paired_share(16, 2, 120) == pytest.approx((240 - 47) / 240)
+    assert overlap_paired_share(1, 1, 4) == pytest.approx(3 / 4)
+    assert overlap_paired_share(4, 1, 16) == pytest.approx(12 / 16)  # 1F1B's pp - 1, plus one
+    assert overlap_paired_share(8, 4, 8) == pytest.approx(0.0)  # the warm-up takes every pass
+
+
 def test_what_hides_still_costs_the_contention_of_running_beside_compute():
-    hidden = float(paired_exposed_s(4.0, 1.0, 2.0, 4.0, 1.0, 1, 10**6, 0.25))
+    hidden = float(paired_exposed_s(4.0, 1.0, 2.0, 4.0, 1.0, 1, 1.0, 0.25))
     assert hidden == pytest.approx(0.25 * 4.0, rel=1e-5)
 
 
