@@ -163,7 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=get_args(MoEDispatcher),
         default="alltoall",
         help="How a megatron plan's MoE blocks send tokens (Workload.moe_dispatcher): NCCL's all-to-all "
-        "of every routed copy, or DeepEP's once per remote node.",
+        "of every routed copy, or DeepEP's (or HybridEP's) once per remote node.",
     )
     a(
         "--tokens-to-train",

@@ -129,7 +129,7 @@ def dispatch_combine_time_s(
     factor: the busiest rank receives the most), and with expert_tp > 1 the all-gather of the received
     tokens over the expert-TP group and the reduce-scatter of the outputs (Megatron-Core's
     AllGather after the all-to-all, token_dispatcher.py MoEAlltoAllTokenDispatcher). Megatron plans
-    with `dispatcher` deepep (Workload.moe_dispatcher) send each token once per remote node
+    with `dispatcher` deepep or hybridep (Workload.moe_dispatcher) send each token once per remote node
     (`deepep_time_s`)."""
     moe = model.moe
     assert moe is not None
@@ -137,7 +137,7 @@ def dispatch_combine_time_s(
     copies = tokens * moe.experts_per_token * load
     message = copies * model.hidden_size * d
     a2a = all_to_all_time_s(message, p.ep, ep_stride(p), gpus_per_node, gpu, links, nic_efficiency)
-    if dispatcher == "deepep":
+    if dispatcher in DISPATCHER_SMS:
         deepep = deepep_time_s(model, p, tokens, d, gpus_per_node, gpu, links, load, nic_efficiency)
         a2a = np.where(p.engine_column("transformer_engine"), deepep, a2a)
     group = gather_group(p)
@@ -169,21 +169,26 @@ def forward_s(
     return np.asarray(one * moe_blocks, dtype=float)
 
 
-# SMs DeepEP's normal (training) kernels hold while they run: `Buffer.num_sms` (deep_ep/buffer.py, 20 by
-# default); DeepSeek-V3 §3.2.2: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and
-# NVLink", of an H800's 132 (§3.5.1).
+# SMs a per-node dispatcher's kernels hold while they run (Workload.moe_dispatcher). DeepEP's normal
+# (training) kernels: `Buffer.num_sms` (deep_ep/buffer.py, 20 by default; Megatron-Core's
+# moe_flex_dispatcher_num_sms None keeps it); DeepSeek-V3 §3.2.2: "only 20 SMs are sufficient to fully
+# utilize the bandwidths of IB and NVLink", of an H800's 132 (§3.5.1). HybridEP: the 32 that
+# Megatron-Bridge's performance recipes set (`moe_hybridep_num_sms = 32`; its Qwen3-30B-A3B tuning notes
+# "HybridEP with 32 SMs").
 DEEPEP_SMS = 20
+DISPATCHER_SMS = {"deepep": DEEPEP_SMS, "hybridep": 32}
 
 
 def overlap_contention(p: PlanTable, dispatcher: str, gpu: GPUSpec, contention: float) -> np.ndarray:
-    """Compute lost per second of an exchange hidden behind it (comm.overlapped_exposed_s): DeepEP's
-    kernels hold DEEPEP_SMS of the GPU's SMs for as long as they run, so the compute beside them runs
-    on the rest: DEEPEP_SMS / sm_count (0.15 on Hopper) where the plan's dispatcher is DeepEP (Megatron
-    plans, `Workload.moe_dispatcher`) and the catalog counts the SMs; NCCL's `contention` (fitted on
-    dense overlap) otherwise, and never less than it."""
-    deepep = p.engine_column("transformer_engine") & (dispatcher == "deepep")
-    share = DEEPEP_SMS / gpu.sm_count if gpu.sm_count else 0.0
-    return np.where(deepep, max(contention, share), contention)
+    """Compute lost per second of an exchange hidden behind it (comm.overlapped_exposed_s): DeepEP's and
+    HybridEP's kernels hold DISPATCHER_SMS of the GPU's SMs for as long as they run, so the compute beside
+    them runs on the rest: SMs / sm_count (DeepEP's 20 of 132 on Hopper: 0.15) where the plan's dispatcher
+    is one of them (Megatron plans, `Workload.moe_dispatcher`) and the catalog counts the SMs; NCCL's
+    `contention` (fitted on dense overlap) otherwise, and never less than it."""
+    sms = DISPATCHER_SMS.get(dispatcher, 0)
+    per_node = p.engine_column("transformer_engine") & (sms > 0)
+    share = sms / gpu.sm_count if gpu.sm_count else 0.0
+    return np.where(per_node, max(contention, share), contention)
 
 
 def overlap_paired_share(pp: Num, virtual_stages: Num, grad_accum: Num) -> np.ndarray:

@@ -20,7 +20,7 @@ RecomputeModule = Literal["core_attn", "layernorm", "moe_act", "mla_up_proj", "m
 MEGATRON_DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
 # How a megatron plan's MoE blocks exchange tokens (Megatron-Core's --moe-token-dispatcher-type alltoall,
 # or flex with DeepEP; costmodel/moe.py `dispatch_combine_time_s`).
-MoEDispatcher = Literal["alltoall", "deepep"]
+MoEDispatcher = Literal["alltoall", "deepep", "hybridep"]
 
 
 # Busiest expert's tokens over its balanced share with an auxiliary balancing loss (Wang et al. 2024,
@@ -124,9 +124,9 @@ class Workload(BaseModel):
         description="How a megatron plan's MoE blocks send tokens to their experts. alltoall: NCCL's "
         "all-to-all, every routed copy on its own (Megatron-Core's alltoall dispatcher). deepep: DeepSeek's "
         "DeepEP (Megatron-Core's flex dispatcher), a token crosses the network once per remote node its "
-        "experts are on and reaches them over NVLink there (arXiv 2412.19437 §3.2.2); also NVIDIA's "
-        "HybridEP (the flex dispatcher's hybridep backend, DeepEP's hybrid-ep branch), which moves tokens "
-        "the same way: over RDMA to each remote node once, then over NVLink inside it.",
+        "experts are on and reaches them over NVLink there (arXiv 2412.19437 §3.2.2), its kernels on 20 SMs. "
+        "hybridep: NVIDIA's HybridEP (the flex dispatcher's hybridep backend, DeepEP's hybrid-ep branch), "
+        "which moves tokens the same way, on the 32 SMs Megatron-Bridge's recipes give it.",
     )
 
     moe_load_imbalance: float = Field(

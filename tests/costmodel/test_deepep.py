@@ -54,6 +54,7 @@ def test_across_eight_nodes_deepep_sends_three_and_a_half_copies_where_nccl_send
     bytes_per_copy = 4096 * V3.hidden_size * 2
     assert deepep == pytest.approx(2 * (3.5 * bytes_per_copy / nic + latency))  # dispatch and combine
     assert nccl == pytest.approx(2 * (7 * bytes_per_copy / nic + latency))
+    assert _one_pass(V3, cluster, plan, "hybridep")[0] == pytest.approx(deepep)  # the same scheme
 
 
 def comm_latency(p, cluster, gpu, net):

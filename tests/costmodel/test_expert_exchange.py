@@ -66,9 +66,10 @@ def test_what_hides_still_costs_the_contention_of_running_beside_compute():
 
 
 def test_deepeps_kernels_take_their_sms_from_the_compute_beside_them():
-    """DeepEP holds 20 SMs while it runs: the compute beside a hidden exchange runs on the rest, 20/132
-    on Hopper, 20/148 on B200; NCCL's all-to-all keeps the fitted contention, as does a GPU whose SMs
-    the catalog does not count, and the fitted value is a floor."""
+    """DeepEP holds 20 SMs while it runs, HybridEP the 32 NVIDIA's recipes give it: the compute beside a
+    hidden exchange runs on the rest, 20/132 on Hopper, 20/148 on B200; NCCL's all-to-all keeps the
+    fitted contention, as does a GPU whose SMs the catalog does not count, and the fitted value is a
+    floor."""
     from service.catalog import load_gpu
     from service.costmodel.expert_exchange import DEEPEP_SMS, overlap_contention
     from service.spec import Plan
@@ -83,6 +84,7 @@ def test_deepeps_kernels_take_their_sms_from_the_compute_beside_them():
     assert megatron == pytest.approx(20 / 132) and deepspeed == pytest.approx(0.04)
     assert overlap_contention(table, "deepep", b200, 0.04)[0] == pytest.approx(20 / 148)
     assert overlap_contention(table, "alltoall", h100, 0.04)[0] == pytest.approx(0.04)
+    assert overlap_contention(table, "hybridep", h100, 0.04)[0] == pytest.approx(32 / 132)
     uncounted = h100.model_copy(update={"sm_count": None})
     assert overlap_contention(table, "deepep", uncounted, 0.04)[0] == pytest.approx(0.04)
     assert overlap_contention(table, "deepep", h100, 1.0)[0] == pytest.approx(1.0)  # overlap off
