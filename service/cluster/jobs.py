@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import socket
 import time
@@ -43,6 +44,10 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 NO_AGENT_YET = "No available agent to submit job"
 AGENT_WAIT_S = 60.0
 AGENT_RETRY_INTERVAL_S = 2.0
+# A head that has just started, or a loaded one, may close the connection before it answers (requests'
+# "Connection aborted." / RemoteDisconnected): the job is sent again, under the same submission id, so a
+# job the head did accept is found ("already exists") instead of started twice.
+DROPPED = ("Connection aborted", "RemoteDisconnected", "Connection reset", "Connection refused")
 LOST_API_S = 60.0  # how long a job API that stops answering is asked again
 LOG_BYTES_PER_S = 1e6  # the average rate at which the (whole) log may be fetched again
 
@@ -157,14 +162,24 @@ def submit_job(
     check_reachable(address)
     runtime_env = {"working_dir": str(root), "excludes": EXCLUDES, "env_vars": env_vars}
     deadline = time.monotonic() + AGENT_WAIT_S
+    submission_id = f"raysubmit_{secrets.token_hex(8)}"
+    dropped = False
     while True:
+        client = None
         try:
             client = client_for(address, token)
-            job_id = client.submit_job(entrypoint=shlex.join(entrypoint), runtime_env=runtime_env)
+            job_id = client.submit_job(
+                entrypoint=shlex.join(entrypoint), runtime_env=runtime_env, submission_id=submission_id
+            )
             return Job(address, job_id, client)
         except Exception as err:  # Ray raises RuntimeError / requests errors with multi-line texts
-            first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-            if NO_AGENT_YET in first and time.monotonic() < deadline:
+            text = str(err)
+            first = next((line for line in text.splitlines() if line.strip()), type(err).__name__)
+            if dropped and client is not None and "already exists" in text:
+                return Job(address, submission_id, client)  # the dropped request had gone through
+            retry = NO_AGENT_YET in first or any(sign in text for sign in DROPPED)
+            if retry and time.monotonic() < deadline:
+                dropped = dropped or NO_AGENT_YET not in first
                 time.sleep(AGENT_RETRY_INTERVAL_S)
                 continue
             raise SpecError("--address", f"the job API at {address} refused the job: {first}") from None

@@ -98,14 +98,14 @@ def test_submit_json_prints_one_document_and_a_lost_api_exits_3(monkeypatch, cap
     monkeypatch.setattr(jobs, "LOST_API_S", 0.05)
     client = Client(polls=2, line='{"answer": 42}')
     monkeypatch.setattr(jobs, "client_for", lambda address, token=None: client)
-    client.submit_job = lambda entrypoint, runtime_env: "raysubmit_1"  # type: ignore[attr-defined]
+    client.submit_job = lambda entrypoint, runtime_env, **_: "raysubmit_1"  # type: ignore[attr-defined]
     assert main(["submit", "--json", "--", *PLAN, "experiments/tiny-cpu.yaml", "--json"]) == 0
     out = capsys.readouterr().out
     doc = json.loads(out)  # one document: the job's output went to stderr
     assert (doc["job_id"], doc["status"], doc["output"]) == ("raysubmit_1", "SUCCEEDED", {"answer": 42})
 
     down = Client(polls=10**6, down_after=2)
-    down.submit_job = lambda entrypoint, runtime_env: "raysubmit_2"  # type: ignore[attr-defined]
+    down.submit_job = lambda entrypoint, runtime_env, **_: "raysubmit_2"  # type: ignore[attr-defined]
     monkeypatch.setattr(jobs, "client_for", lambda address, token=None: down)
     assert main(["submit", "--", *PLAN, "experiments/tiny-cpu.yaml"]) == 3
     err = capsys.readouterr().err.strip().splitlines()[-1]

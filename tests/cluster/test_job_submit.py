@@ -213,19 +213,29 @@ def test_a_timeout_that_is_not_positive_is_refused_before_submitting():
 
 
 class _BusyHead:
-    """A job client whose head answers Ray's 'no agent yet' 500 `busy` times, then takes the job."""
+    """A job client whose head answers Ray's 'no agent yet' 500 `busy` times, then takes the job. With
+    `drops`, it first takes the job `drops` times but closes the connection before answering."""
 
-    def __init__(self, busy: int) -> None:
-        self.busy, self.calls = busy, 0
+    def __init__(self, busy: int, drops: int = 0) -> None:
+        self.busy, self.drops, self.calls, self.taken = busy, drops, 0, set()
 
-    def submit_job(self, entrypoint: str, runtime_env: dict) -> str:
+    def submit_job(self, entrypoint: str, runtime_env: dict, submission_id: str = "raysubmit_1") -> str:
         self.calls += 1
-        if self.calls <= self.busy:
+        if submission_id in self.taken:
+            raise RuntimeError(f"Request failed with status code 400: Job with submission_id {submission_id} "
+                               "already exists. Please use a different submission_id.")  # fmt: skip
+        if self.calls <= self.drops:
+            self.taken.add(submission_id)
+            raise ConnectionError(
+                "('Connection aborted.', RemoteDisconnected('Remote end closed connection without response'))"
+            )
+        if self.calls <= self.drops + self.busy:
             raise RuntimeError(
                 "Request failed with status code 500: "
                 "No available agent to submit job, please try again later."
             )
-        return "raysubmit_1"
+        self.taken.add(submission_id)
+        return submission_id
 
 
 def _submit_to(head: _BusyHead, monkeypatch) -> Job:
@@ -240,7 +250,16 @@ def _submit_to(head: _BusyHead, monkeypatch) -> Job:
 
 def test_a_head_without_a_job_agent_yet_is_asked_again(monkeypatch):
     head = _BusyHead(busy=3)
-    assert _submit_to(head, monkeypatch).job_id == "raysubmit_1" and head.calls == 4
+    job = _submit_to(head, monkeypatch)
+    assert job.job_id.startswith("raysubmit_") and job.job_id in head.taken and head.calls == 4
+
+
+def test_a_dropped_connection_is_sent_again_and_a_job_already_taken_is_not_started_twice(monkeypatch):
+    """A loaded head took the job but closed the connection before answering: the retry carries the same
+    submission id, the head says it exists, and that job is the one returned: one job, not two."""
+    head = _BusyHead(busy=0, drops=1)
+    job = _submit_to(head, monkeypatch)
+    assert head.calls == 2 and head.taken == {job.job_id}
 
 
 def test_a_head_that_never_gets_an_agent_fails_in_one_line(monkeypatch):
