@@ -57,7 +57,8 @@ MICRO_BATCH = 1
 # 2024, arXiv 2408.15664, Table 2), a whole-validation-set figure; one batch runs above it, so 1.1.
 LOAD_IMBALANCE = 1.1
 MAX_NODES_PER_TOKEN = 4  # §2.1.2 / §3.2.2: "we limit each token to be dispatched to at most 4 nodes"
-COMM_SMS, SMS = 20, 132  # §3.5.1: "we allocate 20 out of the 132 SMs available in the H800 GPU"
+# §3.5.1: "we allocate 20 out of the 132 SMs available in the H800 GPU": DeepEP's SMs, as the plan prices them
+COMM_SMS, SMS = expert_exchange.DEEPEP_SMS, 132
 # DeepEP on H800 with one CX7 400 Gb/s NIC per GPU, internode EP64: 51 GB/s dispatch, 50 GB/s combine
 # bottleneck RDMA bandwidth (docs/legacy.md at 0297fc80): the line rate, the report's "IB (50 GB/s)".
 DEEPEP_IB_GB_PER_S = 50.0
