@@ -34,7 +34,7 @@ from service.costmodel import memory as mem
 from service.costmodel.estimate import estimate_table
 from service.costmodel.flops import model_flops_per_token
 from service.costmodel.result import Estimate
-from service.costmodel.step_time import effective_gpu, links, step_time_terms
+from service.costmodel.step_time import effective_gpu, links, step_time
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.model import ModelSpec
 from service.spec.params import ModelParams, load_params
@@ -134,7 +134,7 @@ def prediction(est: Estimate, num_gpus: int, target: float) -> dict[str, Any]:
 def exposed_per_step_s(pieces: dict[str, Any], a2a_s: float, grad_accum: int) -> float:
     """A step's exposed all-to-all if a micro-batch's exchange took `a2a_s` beside the plan's own compute,
     overlapped block by block as the plan prices it (expert_exchange.paired_exposed_s, with the pieces
-    step_time_terms priced it from, every all-to-all scaled alike)."""
+    step_time priced it from, every all-to-all scaled alike)."""
     scale = a2a_s / float(pieces["a2a_s"][0])
     scaled = {**pieces, "a2a_s": pieces["a2a_s"] * scale, "exchange_s": pieces["exchange_s"] * scale}
     return grad_accum * float(expert_exchange.paired_exposed_s(**scaled)[0])
@@ -156,8 +156,7 @@ def all_to_all_per_micro_batch(
     )
     a2a = 2.0 * float(one_pass[0]) * moe_layers  # forward and backward
     compute = est.time_breakdown_s.compute / est.plan.grad_accum
-    pieces: dict[str, Any] = {}
-    step_time_terms(model, cluster, workload, p, params, ep_overlap=pieces)
+    pieces = step_time(model, cluster, workload, p, params).ep_overlap
     # DeepEP's SMs (expert_exchange.overlap_contention)
     contention = float(np.asarray(pieces["contention"])[0])
     exposed = exposed_per_step_s(pieces, a2a, est.plan.grad_accum)

@@ -65,7 +65,7 @@ def _measured(runs: Sequence[MeasuredRun], memory: bool) -> np.ndarray:
     return np.array([getattr(r, key) for r in runs], dtype=float)
 
 
-def _source_weights(runs: Sequence[MeasuredRun]) -> np.ndarray:
+def source_weights(runs: Sequence[MeasuredRun]) -> np.ndarray:
     counts = Counter(r.source for r in runs)
     return np.array([1.0 / np.sqrt(counts[r.source]) for r in runs])
 
@@ -107,7 +107,7 @@ def fit(
     if not used or not names:
         return Calibration(prior, (), prior.at_bounds(), np.zeros(0), 0, False, "no measured runs to fit on")
     measured = _measured(used, memory)
-    weights = _source_weights(used)
+    weights = source_weights(used)
     bands = [prior.values[n] for n in names]
     lo = np.array([b.low for b in bands])
     span = np.array([b.high - b.low for b in bands])

@@ -26,6 +26,7 @@ from service.spec.plan import Engine
 from service.spec.plan_table import PlanTable
 from service.spec.workload import (
     MEGATRON_DEFAULT_RECOMPUTE_MODULES,
+    CudaGraphScope,
     MoEDispatcher,
     RecomputeModule,
     SelectiveRecompute,
@@ -134,6 +135,9 @@ class Measurement(BaseModel):
     )
     moe_dispatcher: MoEDispatcher = Field(
         "alltoall", description="How its MoE blocks sent tokens (Workload.moe_dispatcher)."
+    )
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = Field(
+        (), description="What it replayed from CUDA graphs (Workload.cuda_graph_scope)."
     )
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     ep: int = Field(1, gt=0, description="Expert-parallel degree (Plan.ep; MoE models).")
@@ -245,6 +249,7 @@ def workload(ds: Dataset, row: Measurement) -> Workload:
         selective_recompute=row.selective_recompute,
         recompute_modules=row.recompute_modules,
         moe_dispatcher=row.moe_dispatcher,
+        cuda_graph_scope=row.cuda_graph_scope,
     )
 
 

@@ -19,6 +19,7 @@ from service.spec.plan import Precision, Recompute, ZeroStage
 from service.spec.request import DEFAULT_HEADROOM
 from service.spec.workload import (
     MEGATRON_DEFAULT_RECOMPUTE_MODULES,
+    CudaGraphScope,
     MoEDispatcher,
     RecomputeModule,
     SelectiveRecompute,
@@ -166,6 +167,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of every routed copy, or DeepEP's (or HybridEP's) once per remote node.",
     )
     a(
+        "--cuda-graph-scope",
+        nargs="*",
+        choices=get_args(CudaGraphScope),
+        default=[],
+        metavar="SCOPE",
+        help="What a megatron plan replays from CUDA graphs, Megatron-Core's --cuda-graph-scope "
+        f"(Workload.cuda_graph_scope; default none: eager): {', '.join(get_args(CudaGraphScope))}.",
+    )
+    a(
         "--tokens-to-train",
         type=finite_float,
         default=1e9,
@@ -215,6 +225,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         "flash_attention": not args.no_flash_attention,
         "cudnn_attention": not args.no_cudnn_attention,
         "recompute_modules": tuple(args.recompute_modules),
+        "cuda_graph_scope": tuple(args.cuda_graph_scope),
     }
     try:
         return validate_as(PlanRequest, given).resolve()
@@ -246,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         "selective_recompute": workload.selective_recompute,
         "recompute_modules": list(workload.recompute_modules),
         "moe_dispatcher": workload.moe_dispatcher,
+        "cuda_graph_scope": list(workload.cuda_graph_scope),
         "grad_reduce_in_fp32": workload.grad_reduce_in_fp32,
         "memory_headroom": args.headroom,
     }

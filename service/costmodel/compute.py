@@ -142,6 +142,28 @@ def launch_bound_s(gpu: GPUSpec, kernels: float | np.ndarray) -> Num:
     return np.asarray(kernels, dtype=float) * gpu.kernel_overhead_us * 1e-6
 
 
+# Megatron-Core's CUDA-graph regions (Workload.cuda_graph_scope) that replay a MoE block's router and
+# dispatcher preprocessing, the host-heavy part of its pass, from a graph.
+MOE_HOST_GRAPHED = ("moe_preprocess", "moe", "full_iteration")
+
+
+def moe_host_floor_s(
+    moe_blocks: Num, host_s_per_block: float, graphs_possible: np.ndarray, scope: tuple[str, ...]
+) -> np.ndarray:
+    """Least time one micro-batch's forward and backward through `moe_blocks` MoE blocks takes: the host
+    time of each block pass (ModelParams moe_block_host_s). A MoE block runs its router, the dispatcher's
+    preprocessing and one launch per local expert GEMM from Python, and the dispatcher copies the tokens
+    per expert to the host to size the exchange and the grouped GEMM (Megatron-Core token_dispatcher.py,
+    DeepSpeed sharded_moe.py `exp_counts`, torchtitan's all-to-all splits), so the host cannot run a
+    block ahead and a pass whose GPU work is shorter waits for it. NVIDIA names it one of MoE training's
+    three walls, "small expert GEMMs + host overhead", cut by fewer launches (lower TP, larger
+    micro-batches) or CUDA graphs (Megatron-Bridge docs/training/moe-optimization.md). Where a plan can
+    replay the router and preprocessing from graphs (`graphs_possible`: Megatron-Core's Transformer
+    Engine capture) and `scope` does, no floor is priced: the published runs with them were GPU-bound."""
+    graphed = graphs_possible & any(s in MOE_HOST_GRAPHED for s in scope)
+    return np.asarray(np.where(graphed, 0.0, np.asarray(moe_blocks) * host_s_per_block), dtype=float)
+
+
 def lm_head_time_forward_s(
     model: ModelSpec, tokens: Num, tp: Num, gpu: GPUSpec, peak_flops: Num, d: Num
 ) -> Num:

@@ -13,7 +13,7 @@ from service.spec.plan import Plan
 
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "logits", "buffers", "overhead")
 TIME_TERMS: tuple[str, ...] = ("compute", "recompute", "dp_comm", "tp_comm", "cp_comm", "pp_comm", "ep_comm")
-TIME_TERMS += ("bubble", "offload", "overhead")
+TIME_TERMS += ("bubble", "offload", "host_wait", "overhead")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class EstimateTable:
     ep_comm_s: np.ndarray  # exposed MoE dispatch and combine all-to-alls
     bubble_s: np.ndarray
     offload_s: np.ndarray  # exposed
+    host_wait_s: np.ndarray  # MoE block passes waiting for the host (compute.moe_host_floor_s)
     overhead_s: np.ndarray  # fixed framework time per step and micro-step (fitted; 0 a priori)
     step_time_s: np.ndarray
     tokens_per_s: np.ndarray
@@ -104,6 +105,7 @@ class TimeBreakdown(BaseModel):
     ep_comm: float = 0.0
     bubble: float
     offload: float
+    host_wait: float = 0.0
     overhead: float = 0.0
 
 

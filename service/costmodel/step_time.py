@@ -4,6 +4,7 @@ bubble, offload and framework overhead (the slowest stage sets the pace)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,17 +79,27 @@ def dense_mlp_share(model: ModelSpec) -> float:
 
 
 def step_time_terms(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    workload: Workload,
-    p: PlanTable,
-    params: ModelParams,
-    ep_overlap: dict[str, Any] | None = None,
+    model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
 ) -> dict[str, np.ndarray]:
+    """Seconds per optimizer step by term, after overlap (the slowest pipeline stage): `step_time`'s."""
+    return step_time(model, cluster, workload, p, params).terms
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A step's seconds by term, and the per-micro-batch pieces its all-to-all overlap was priced from
+    (the arguments of expert_exchange.paired_exposed_s), for benchmarks that price other exchanges
+    beside the same compute."""
+
+    terms: dict[str, np.ndarray]
+    ep_overlap: dict[str, Any]
+
+
+def step_time(
+    model: ModelSpec, cluster: ClusterSpec, workload: Workload, p: PlanTable, params: ModelParams
+) -> StepTime:
     """Seconds per optimizer step by term, after overlap (the slowest pipeline stage). A MoE model's
-    routed experts are priced by costmodel/moe.py, the rest of it as its dense view. `ep_overlap`, where
-    given, receives the per-micro-batch pieces the all-to-all overlap was priced from (the arguments of
-    expert_exchange.paired_exposed_s), for benchmarks that price other exchanges beside the same compute."""
+    routed experts are priced by costmodel/moe.py, the rest of it as its dense view."""
     whole, model = model, model.dense_view()
     gpu, s = effective_gpu(cluster.gpu, params), workload.seq_len
     net = links(params)
@@ -203,11 +214,16 @@ def step_time_terms(
         "paired_share": expert_exchange.overlap_paired_share(p.pp, p.virtual_stages, p.grad_accum),
         "contention": expert_exchange.overlap_contention(p, workload.moe_dispatcher, gpu, contention),
     }  # fmt: skip
-    if ep_overlap is not None:
-        ep_overlap.update(pieces)
     hidden_a2a = expert_exchange.paired_exposed_s(**pieces)
     ep_mb = np.where(p.ep_comm_overlap, hidden_a2a, a2a)
     slot = fwd + bwd + recompute + tp_mb + cp_mb + pp_mb + ep_mb
+    # A MoE block pass waits for its host time where its GPU work is shorter (compute.moe_host_floor_s).
+    graphs = p.engine_column("transformer_engine")  # Megatron-Core's TE capture
+    # On the CPU stand-in the host does the work itself: its time is in the compute terms.
+    host_s, scope = 0.0 if gpu.is_cpu else params["moe_block_host_s"], workload.cuda_graph_scope
+    floor = compute.moe_host_floor_s(moe_blocks, host_s, graphs, scope)
+    host_wait = np.maximum(floor - slot, 0.0)
+    slot = slot + host_wait
     # With fewer micro-batches than stages a chunk's round trip takes pp chunk slots of which only ga are
     # busy, so interleaving cuts nothing (torch's flex interleaved schedule runs such plans; Megatron
     # refuses them, service/spec/plan_checks.py): the plain 1F1B bubble.
@@ -231,7 +247,7 @@ def step_time_terms(
     # Framework time the FLOP and byte counts miss (data loading, hooks, clipping, logging, launches
     # outside the layers): a fixed cost per step and per micro-step, fitted in ModelParams (0 a priori).
     overhead = params["step_overhead_s"] + ga * params["microstep_overhead_s"]
-    return {
+    terms = {
         "compute": ga * (fwd + bwd) + optimizer_step,
         "recompute": ga * recompute,
         "dp_comm": dp_comm,
@@ -241,8 +257,10 @@ def step_time_terms(
         "ep_comm": ga * ep_mb,
         "bubble": bubble,
         "offload": offload_s,
+        "host_wait": ga * host_wait,
         "overhead": np.asarray(overhead, dtype=float),
     }
+    return StepTime(terms, pieces)
 
 
 def head_share_s(head_s: Num, stage_blocks_s: Num, first_layers: Num, last_layers: Num) -> np.ndarray:

@@ -50,8 +50,8 @@ def evidence(
     if moe is not None:
         note += (
             f"; as a mixture of experts its interval is also at least as wide as the out-of-sample errors "
-            f"of the {moe.n} published MoE runs kept outside the fit (log residuals q10 {moe.q10:+.2f}, "
-            f"q90 {moe.q90:+.2f})"
+            f"of the {moe.n} published MoE runs, each scored leave-one-source-out (log residuals "
+            f"q10 {moe.q10:+.2f}, q90 {moe.q90:+.2f})"
         )
     size_b, gpus = model.num_params / 1e9, s.cluster.num_gpus
     near = nearest_runs(params, stack, gpu, size_b, gpus)

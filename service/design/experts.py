@@ -34,6 +34,7 @@ def expert_parallelism(
         return None
     est, plans = s.est, s.plans
     share = np.where(est.step_time_s > 0, est.ep_comm_s / est.step_time_s, 0.0)
+    host = np.where(est.step_time_s > 0, est.host_wait_s / est.step_time_s, 0.0)
     feasible = np.isin(s.selection.status, MEETS_BUDGET)
     value = s.regret_values(budget.objective)  # hours for cost: defined at a price of 0 too
     families = []
@@ -42,7 +43,8 @@ def expert_parallelism(
         best = int(rows[np.argmin(value[rows])])
         label = plans.row(best).short()
         families.append(ExpertFamily(ep=int(ep), label=label, tokens_per_s=float(est.tokens_per_s[best]),
-                                     all_to_all_share=float(share[best])))  # fmt: skip
+                                     all_to_all_share=float(share[best]),
+                                     host_wait_share=float(host[best])))  # fmt: skip
     # Fastest first under either objective: on one cluster the fastest plan is also the cheapest.
     families.sort(key=lambda f: -f.tokens_per_s)
     cases = []
@@ -62,6 +64,7 @@ def expert_parallelism(
         ep=plan.ep,
         expert_tp=plan.expert_tp,
         all_to_all_share=float(share[chosen]),
+        host_wait_share=float(host[chosen]),
         load_imbalance=workload.moe_load_imbalance,
         router=model.moe.router,
         families=families,

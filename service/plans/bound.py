@@ -10,7 +10,10 @@ batch, or bounded below by 0:
   overlap, data-parallel traffic, offload and the per-micro-step overhead are smallest at the largest
   micro-batch, with no recompute (which only adds work), in the cheaper of the precisions;
 - the pipeline bubble grows with the micro-batch and the 1F1B all-to-all overlap hides more the more
-  micro-batches it pairs (expert_exchange.paired_exposed_s): both are bounded by 0.
+  micro-batches it pairs (expert_exchange.paired_exposed_s): both are bounded by 0;
+- a MoE block pass's wait for the host (`host_wait`, ga · max(0, floor − pass): compute.moe_host_floor_s)
+  falls as the micro-batch grows; recompute and the slower precision shrink it, but by no more than they
+  add to the pass, so the wait plus the pass's terms is still smallest where the bound takes them.
 The sum of the terms' minima is at most the step time of any of the structure's plans, so a structure
 whose bound is slower than the best plan found by more than the model's resolution holds no plan that
 could be selected or tie with the choice. tests/plans/test_bound.py checks the bound against every

@@ -103,6 +103,7 @@ class ExpertFamily(BaseModel):
     label: str
     tokens_per_s: float
     all_to_all_share: float  # exposed dispatch and combine over the step time
+    host_wait_share: float = 0.0  # MoE block passes waiting for the host, over the step time
 
 
 class ImbalanceCase(BaseModel):
@@ -124,6 +125,7 @@ class ExpertParallelism(BaseModel):
     ep: int
     expert_tp: int
     all_to_all_share: float
+    host_wait_share: float = 0.0
     load_imbalance: float
     router: str
     families: list[ExpertFamily]  # the best plan of each EP degree that meets the budget, best first

@@ -71,7 +71,22 @@ def experts(r: RunResult) -> list[Block]:
     if x is None:
         return []
     layout = f"EP {x.ep}" + (f" with expert TP {x.expert_tp}" if x.expert_tp > 1 else "")
-    rows = [[str(f.ep), f.label, fmt_tokens(f.tokens_per_s), f"{f.all_to_all_share:.0%}"] for f in x.families]
+    rows = [
+        [
+            str(f.ep),
+            f.label,
+            fmt_tokens(f.tokens_per_s),
+            f"{f.all_to_all_share:.0%}",
+            f"{f.host_wait_share:.0%}",
+        ]
+        for f in x.families
+    ]
+    waits = (
+        f", and its MoE blocks wait {x.host_wait_share:.0%} of it for the host (their GPU work per "
+        "micro-batch is shorter than the framework's host time for it)"
+        if x.host_wait_share >= 0.005
+        else ""
+    )
     cases = [
         [
             f"{c.imbalance:g}",
@@ -85,11 +100,11 @@ def experts(r: RunResult) -> list[Block]:
         (
             "p",
             f"The choice splits each MoE block's experts {layout}; its dispatch and combine all-to-alls take "
-            f"{x.all_to_all_share:.0%} of the step after overlap. Router: {x.router}; the busiest expert "
-            f"is assumed {x.load_imbalance:g}× its balanced share. The best plan of each EP degree that "
-            "meets the budget:",
+            f"{x.all_to_all_share:.0%} of the step after overlap{waits}. Router: {x.router}; the busiest "
+            f"expert is assumed {x.load_imbalance:g}× its balanced share. The best plan of each EP degree "
+            "that meets the budget:",
         ),
-        ("table", ["EP", "best plan", "tokens/s", "all-to-all"], rows),
+        ("table", ["EP", "best plan", "tokens/s", "all-to-all", "host wait"], rows),
         *_faster_families(r),
         ("p", "The same plans re-scored at other load imbalances (the choice's own speed beside):"),
         ("table", ["imbalance", "choice there", "this choice's tokens/s"], cases),

@@ -118,6 +118,12 @@ class ExperimentSpec(BaseModel):
                 f"{self.workload.moe_dispatcher!r} is Megatron-Core's flex dispatcher, and this experiment "
                 f"plans {list(self.engines)}; allowed: alltoall, or add megatron to engines",
             )
+        if self.workload.cuda_graph_scope and "megatron" not in self.engines:
+            raise SpecError(
+                "workload.cuda_graph_scope",
+                f"{list(self.workload.cuda_graph_scope)} is Megatron-Core's CUDA-graph capture, and this "
+                f"experiment plans {list(self.engines)}; allowed: [], or add megatron to engines",
+            )
         return self
 
     @field_validator("model", mode="before")

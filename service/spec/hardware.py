@@ -77,6 +77,12 @@ class GPUSpec(BaseModel):
     price_per_gpu_hour_usd: float = Field(ge=0, description="Default on-demand price per GPU-hour (USD).")
     source: str = Field("", description="Where the figures come from.")
 
+    @property
+    def is_cpu(self) -> bool:
+        """The CPU stand-in proxies run on (catalog `cpu` and its profiled copies): the host computes, so
+        no device queue runs ahead of it or waits on it."""
+        return self.name.split("-")[0] == "cpu"
+
     def peak_tflops(self, precision: str) -> float:
         """The peak MFU is quoted against: fp8 plans against bf16, since only their GEMMs run in fp8
         (service/costmodel/fp8.py) and MFU then compares with bf16 plans on one scale."""

@@ -2,8 +2,9 @@
 
 The parameter set is fit on dense runs; its residuals say how far dense predictions land. A MoE plan
 also runs code those runs never did (router, permutation, grouped GEMMs, the token exchange), and the
-published MoE runs kept outside the fit (benchmarks/moe_accuracy.py, written to
-service/catalog/checks/moe_runs.yaml with the shipped set) say how far the MoE predictions land: their
+published MoE runs, each scored out of sample (benchmarks/moe_accuracy.py: the one parameter fit on
+them, the MoE block's host time, is fit without the run's source; written to
+service/catalog/checks/moe_runs.yaml with the shipped set), say how far the MoE predictions land: their
 log residuals log(measured / predicted) give a MoE plan's 80 % interval beside the dense one
 (`interval_bounds(..., extra=moe_residuals())`, the wider of the two on each side).
 """
@@ -37,5 +38,5 @@ def moe_residuals(exclude_source: str | None = None, path: Path = MOE_CHECKS_PAT
         n=len(logs),
         q10=float(np.quantile(logs, 0.10)),
         q90=float(np.quantile(logs, 0.90)),
-        method=f"published MoE runs kept outside the fit ({', '.join(sources)})",
+        method=f"published MoE runs, each scored leave-one-source-out ({', '.join(sources)})",
     )

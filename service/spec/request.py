@@ -29,6 +29,7 @@ from service.spec.plan_checks import allowed_values, plan_problem
 from service.spec.workload import (
     MAX_SEQ_LEN,
     MEGATRON_DEFAULT_RECOMPUTE_MODULES,
+    CudaGraphScope,
     MoEDispatcher,
     RecomputeModule,
     SelectiveRecompute,
@@ -91,6 +92,7 @@ class PlanRequest(BaseModel):
     selective_recompute: SelectiveRecompute = "attention_block"
     recompute_modules: tuple[RecomputeModule, ...] = MEGATRON_DEFAULT_RECOMPUTE_MODULES
     moe_dispatcher: MoEDispatcher = "alltoall"
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = ()
     grad_reduce_in_fp32: bool = False
     moe_load_imbalance: float | None = None
     headroom: float = DEFAULT_HEADROOM
@@ -196,6 +198,7 @@ class PlanRequest(BaseModel):
             selective_recompute=self.selective_recompute,
             recompute_modules=self.recompute_modules,
             moe_dispatcher=self.moe_dispatcher,
+            cuda_graph_scope=self.cuda_graph_scope,
             grad_reduce_in_fp32=self.grad_reduce_in_fp32,
         )
         if self.moe_load_imbalance is not None:
@@ -207,6 +210,7 @@ class PlanRequest(BaseModel):
         megatron_only = {
             "recompute_modules": set(self.recompute_modules) != set(MEGATRON_DEFAULT_RECOMPUTE_MODULES),
             "moe_dispatcher": self.moe_dispatcher != "alltoall",
+            "cuda_graph_scope": bool(self.cuda_graph_scope),
             "grad_reduce_in_fp32": self.grad_reduce_in_fp32,
         }
         for field, given in megatron_only.items():

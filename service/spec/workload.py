@@ -21,6 +21,9 @@ MEGATRON_DEFAULT_RECOMPUTE_MODULES: tuple[RecomputeModule, ...] = ("core_attn",)
 # How a megatron plan's MoE blocks exchange tokens (Megatron-Core's --moe-token-dispatcher-type alltoall,
 # or flex with DeepEP; costmodel/moe.py `dispatch_combine_time_s`).
 MoEDispatcher = Literal["alltoall", "deepep", "hybridep"]
+# Megatron-Core's CUDA-graph capture regions (--cuda-graph-scope with --cuda-graph-impl transformer_engine,
+# megatron/core/transformer/enums.py CudaGraphModule; full_iteration: --cuda-graph-impl full_iteration).
+CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
 
 
 # Busiest expert's tokens over its balanced share with an auxiliary balancing loss (Wang et al. 2024,
@@ -127,6 +130,16 @@ class Workload(BaseModel):
         "experts are on and reaches them over NVLink there (arXiv 2412.19437 §3.2.2), its kernels on 20 SMs. "
         "hybridep: NVIDIA's HybridEP (the flex dispatcher's hybridep backend, DeepEP's hybrid-ep branch), "
         "which moves tokens the same way, on the 32 SMs Megatron-Bridge's recipes give it.",
+    )
+
+    cuda_graph_scope: tuple[CudaGraphScope, ...] = Field(
+        (),
+        description="What a megatron plan replays from CUDA graphs (Megatron-Core's --cuda-graph-scope with "
+        "--cuda-graph-impl transformer_engine; full_iteration: the whole step). Empty (Megatron's default): "
+        "eager, as the other engines always are: each MoE block pass takes at least the host time its "
+        "router, dispatcher preprocessing and expert launches need (ModelParams moe_block_host_s, "
+        "costmodel/compute.py `moe_host_floor_s`). moe_preprocess (which needs moe_router), moe or "
+        "full_iteration replay that part from a graph, and no floor is priced.",
     )
 
     moe_load_imbalance: float = Field(

@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,11 @@ def test_every_row_is_scored_or_skipped_with_a_reason(tmp_path):
         (ROOT / "service" / "catalog" / "checks" / "moe_runs.yaml").read_text()
     )
     assert code == (0 if result["meets_goal"] else 1)
+    # The MoE block's host time is fit here; the shipped set holds the fit on every source, a value of
+    # milliseconds inside its band, and each source was scored on the fit without it.
+    fit = result["fit"]["moe_block_host_s"]
+    assert fit["shipped"] == pytest.approx(fit["all_sources"]) and 0.005 < fit["shipped"] < 0.015
+    assert set(fit["without_source"]) == {r["source"] for r in result["rows"]}
     ids = {r["id"] for r in yaml.safe_load(bench.DATA_PATH.read_text())["measurements"]}
     ids |= {r["id"] for r in yaml.safe_load(bench.UNPRICED_PATH.read_text())["rows"]}
     scored = {r["id"] for r in result["rows"]}

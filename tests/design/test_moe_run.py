@@ -44,6 +44,10 @@ def test_the_choice_slows_as_the_load_imbalance_grows(moe_run):
 def test_the_memo_has_the_expert_section(moe_run):
     text = (Path(moe_run.out_dir) / "memo.md").read_text()
     assert "## Expert parallelism" in text and "all-to-all" in text
+    # Each EP degree's best plan says how long its MoE blocks wait for the host (costmodel/compute.py
+    # `moe_host_floor_s`), as a share of its step.
+    assert "| all-to-all | host wait |" in text
+    assert all(0.0 <= f.host_wait_share < 1.0 for f in moe_run.experts.families)
     assert f"experts split over ep {moe_run.experts.ep}" in text or moe_run.experts.ep == 1
 
 

@@ -45,7 +45,7 @@ def test_a_moe_plans_interval_is_the_wider_of_the_dense_and_the_moe_residuals() 
     widening = float(params.widening(64, WORK.seq_len, "h100-sxm-80gb"))
     assert low <= e.tokens_per_s * math.exp(r.q10 * widening) * (1 + 1e-9)
     assert high >= e.tokens_per_s * math.exp(r.q90 * widening) * (1 - 1e-9)
-    assert "published MoE runs kept outside the fit" in e.params.interval
+    assert "published MoE runs, each scored leave-one-source-out" in e.params.interval
     dense = estimate(
         load_model("llama3-8b"), cluster, Plan(dp=64, engine="megatron", zero_stage=1, grad_accum=8), WORK
     )
