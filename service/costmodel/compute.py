@@ -151,9 +151,10 @@ def moe_host_floor_s(
     moe_blocks: Num, host_s_per_block: float, graphs_possible: np.ndarray, scope: tuple[str, ...]
 ) -> np.ndarray:
     """Least time one micro-batch's forward and backward through `moe_blocks` MoE blocks takes: the host
-    time of each block pass (ModelParams moe_block_host_s). A MoE block runs its router, the dispatcher's
-    preprocessing and one launch per local expert GEMM from Python, and the dispatcher copies the tokens
-    per expert to the host to size the exchange and the grouped GEMM (Megatron-Core token_dispatcher.py,
+    time of each block pass (ModelParams moe_block_host_s). A MoE block's router and dispatcher
+    preprocessing run as many small eager ops, its experts launch a GEMM each (Transformer Engine's
+    GroupedLinear, DeepSpeed's experts loop), and the dispatcher copies the tokens per expert to the host
+    to size the exchange and the expert GEMMs (Megatron-Core token_dispatcher.py,
     DeepSpeed sharded_moe.py `exp_counts`, torchtitan's all-to-all splits), so the host cannot run a
     block ahead and a pass whose GPU work is shorter waits for it. NVIDIA names it one of MoE training's
     three walls, "small expert GEMMs + host overhead", cut by fewer launches (lower TP, larger

@@ -1,6 +1,7 @@
 """Seconds per optimizer step of a plan, term by term after overlap, for many plans at once: compute,
 recompute, the data-, tensor-, context-, pipeline- and expert-parallel communication, the pipeline
-bubble, offload and framework overhead (the slowest stage sets the pace)."""
+bubble, offload, the MoE blocks' wait for the host and framework overhead (the slowest stage sets the
+pace)."""
 
 from __future__ import annotations
 
