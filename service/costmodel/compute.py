@@ -148,21 +148,29 @@ MOE_HOST_GRAPHED = ("moe_preprocess", "moe", "full_iteration")
 
 
 def moe_host_floor_s(
-    moe_blocks: Num, host_s_per_block: float, graphs_possible: np.ndarray, scope: tuple[str, ...]
+    moe_blocks: Num,
+    host_s_per_block: float,
+    host_s_per_expert: Num,
+    local_experts: Num,
+    graphs_possible: np.ndarray,
+    scope: tuple[str, ...],
 ) -> np.ndarray:
     """Least time one micro-batch's forward and backward through `moe_blocks` MoE blocks takes: the host
-    time of each block pass (ModelParams moe_block_host_s). A MoE block's router and dispatcher
-    preprocessing run as many small eager ops, its experts launch a GEMM each (Transformer Engine's
-    GroupedLinear, DeepSpeed's experts loop), and the dispatcher copies the tokens per expert to the host
-    to size the exchange and the expert GEMMs (Megatron-Core token_dispatcher.py,
-    DeepSpeed sharded_moe.py `exp_counts`, torchtitan's all-to-all splits), so the host cannot run a
-    block ahead and a pass whose GPU work is shorter waits for it. NVIDIA names it one of MoE training's
-    three walls, "small expert GEMMs + host overhead", cut by fewer launches (lower TP, larger
-    micro-batches) or CUDA graphs (Megatron-Bridge docs/training/moe-optimization.md). Where a plan can
-    replay the router and preprocessing from graphs (`graphs_possible`: Megatron-Core's Transformer
-    Engine capture) and `scope` does, no floor is priced: the published runs with them were GPU-bound."""
+    time of each block pass (ModelParams moe_block_host_s) and `host_s_per_expert` for each of its
+    `local_experts` (the engine's `ExpertParallelRule.host_s_per_local_expert`). A MoE block's router and
+    dispatcher preprocessing run as many small eager ops, its experts launch a GEMM each (Transformer
+    Engine's GroupedLinear from C++; DeepSpeed's experts loop a module call each, its measured cost), and
+    the dispatcher copies the tokens per expert to the host to size the exchange and the expert GEMMs
+    (Megatron-Core token_dispatcher.py, DeepSpeed sharded_moe.py `exp_counts`, torchtitan's all-to-all
+    splits), so the host cannot run a block ahead and a pass whose GPU work is shorter waits for it.
+    NVIDIA names it one of MoE training's three walls, "small expert GEMMs + host overhead", cut by fewer
+    launches (lower TP, larger micro-batches) or CUDA graphs (Megatron-Bridge
+    docs/training/moe-optimization.md). Where a plan can replay the router and preprocessing from graphs
+    (`graphs_possible`: Megatron-Core's Transformer Engine capture) and `scope` does, no floor is
+    priced: the published runs with them were GPU-bound."""
     graphed = graphs_possible & any(s in MOE_HOST_GRAPHED for s in scope)
-    return np.asarray(np.where(graphed, 0.0, np.asarray(moe_blocks) * host_s_per_block), dtype=float)
+    per_block = host_s_per_block + np.asarray(host_s_per_expert) * np.asarray(local_experts)
+    return np.asarray(np.where(graphed, 0.0, np.asarray(moe_blocks) * per_block), dtype=float)
 
 
 def lm_head_time_forward_s(

@@ -22,10 +22,9 @@ import numpy as np
 from service.costmodel import compute, fp8
 from service.costmodel import memory as mem
 from service.costmodel.types import Num, on_distinct
-from service.spec.engine import engine_rules
 from service.spec.hardware import GPUSpec
 from service.spec.model import ModelSpec
-from service.spec.plan_table import ENGINE_CODES, PlanTable
+from service.spec.plan_table import PlanTable
 
 # Router logits and the top-k probabilities are kept in fp32 (Megatron-Core router.py casts the logits
 # with --moe-router-dtype fp32 in NVIDIA's recipes; DeepSpeed's top-k gating runs softmax in fp32).
@@ -35,10 +34,6 @@ ROUTER_BYTES = 4.0
 # torchtitan's generate_permute_indices + index copies; DeepSpeed's `_sparse_encode` / `_sparse_decode`
 # gathers into and out of its experts × capacity buffer).
 PERMUTE_PASSES = 4.0
-
-
-def _rule(field: str) -> np.ndarray:
-    return np.array([getattr(engine_rules(e).expert_parallel, field) for e in ENGINE_CODES])
 
 
 def expert_data_parallel(p: PlanTable) -> np.ndarray:
@@ -58,7 +53,7 @@ def ep_stride(p: PlanTable) -> np.ndarray:
 def gather_group(p: PlanTable) -> np.ndarray:
     """Ranks that exchange the received tokens around the expert GEMMs: the expert-TP group, or
     DeepSpeed's TP ranks (`regathers_over_tp`)."""
-    return np.where(_rule("regathers_over_tp")[p.engine], p.tp, p.expert_tp)
+    return np.where(p.expert_rule_column("regathers_over_tp"), p.tp, p.expert_tp)
 
 
 def load_factor(model: ModelSpec, p: PlanTable, imbalance: float) -> np.ndarray:
@@ -84,7 +79,7 @@ def load_factor(model: ModelSpec, p: PlanTable, imbalance: float) -> np.ndarray:
     capacity = moe.capacity_factor if moe.router == "capacity" else None  # validated: set with capacity
     if capacity is not None:
         return np.full(len(p), float(capacity))
-    pads = (_rule("layer") == "deepspeed_moe")[p.engine]
+    pads = p.expert_rule_column("layer") == "deepspeed_moe"
     return np.where((p.ep == 1) & ~pads, 1.0, float(imbalance))
 
 
@@ -194,8 +189,8 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
     moe = model.moe
     assert moe is not None
     h, f, k, e = model.hidden_size, moe.expert_ffn_hidden_size, moe.experts_per_token, moe.num_experts
-    deepspeed = (_rule("layer") == "deepspeed_moe")[p.engine]
-    fused = _engine_field("transformer_engine")[p.engine]
+    deepspeed = p.expert_rule_column("layer") == "deepspeed_moe"
+    fused = p.engine_column("transformer_engine")
     swiglu = np.where(fused, 3.0, 4.0) if model.mlp == "swiglu" else 2.0
     inputs = np.where(deepspeed & (p.ep > 1), 2.0, 1.0)
     # TE's grouped GEMMs in FP8 save their inputs cast (1 byte): fc1's, the permuted token, and fc2's, f
@@ -213,7 +208,7 @@ def activation_bytes_per_token_per_moe_layer(model: ModelSpec, p: PlanTable, d: 
 def saved_gemm_input_bytes(p: PlanTable, d: Num) -> np.ndarray:
     """Bytes per element of a GEMM input an expert MLP saves: 1 for Transformer Engine's grouped GEMMs in
     FP8 (they save the quantized input), d otherwise."""
-    fused = _engine_field("transformer_engine")[p.engine]
+    fused = p.engine_column("transformer_engine")
     return np.where(fused & (np.asarray(p.precision) == mem.PRECISION_FP8), 1.0, d)
 
 
@@ -313,10 +308,6 @@ def router_and_permute_time_forward_s(
     return np.asarray(logits + elementwise_scale * (softmax + permute), dtype=float)
 
 
-def _engine_field(field: str) -> np.ndarray:
-    return np.array([getattr(engine_rules(e), field) for e in ENGINE_CODES])
-
-
 @dataclass(frozen=True)
 class StageMemory:
     """A stage's MoE bytes per GPU, added to the dense view's terms (zeros for a dense model)."""
@@ -354,7 +345,7 @@ def stage_memory(
     )
     tokens = tokens_dispatched(p, seq_len)
     kept = tokens * activation_bytes_per_token_per_moe_layer(model, p, d, load)
-    megatron_selective = _engine_field("transformer_engine")[p.engine] & (p.recompute == 1)
+    megatron_selective = p.engine_column("transformer_engine") & (p.recompute == 1)
     if "moe_act" in recompute_modules:
         # fc2's input: expert_tp × the rank's slots, each f/expert_tp wide (`routed_slots`).
         act = tokens * model.moe.experts_per_token * load * saved_gemm_input_bytes(p, d)

@@ -221,8 +221,12 @@ def step_time(
     # A MoE block pass waits for its host time where its GPU work is shorter (compute.moe_host_floor_s).
     graphs = p.engine_column("transformer_engine")  # Megatron-Core's TE capture
     # On the CPU stand-in the host does the work itself: its time is in the compute terms.
-    host_s, scope = 0.0 if gpu.is_cpu else params["moe_block_host_s"], workload.cuda_graph_scope
-    floor = compute.moe_host_floor_s(moe_blocks, host_s, graphs, scope)
+    host = 0.0 if gpu.is_cpu else 1.0
+    per_expert = host * p.expert_rule_column("host_s_per_local_expert")
+    local = whole.moe.num_experts / p.ep if whole.moe is not None else 0.0
+    floor = compute.moe_host_floor_s(
+        moe_blocks, host * params["moe_block_host_s"], per_expert, local, graphs, workload.cuda_graph_scope
+    )
     host_wait = np.maximum(floor - slot, 0.0)
     slot = slot + host_wait
     # With fewer micro-batches than stages a chunk's round trip takes pp chunk slots of which only ga are

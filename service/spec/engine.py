@@ -71,6 +71,11 @@ class ExpertParallelRule(BaseModel):
     # With MoE blocks, tp > 1 only with sequence parallelism (Megatron-LM's arguments.py asserts it).
     tp_needs_sequence_parallel: bool = False
     a2a_overlap: bool  # dispatch and combine all-to-alls hidden behind other micro-batches' compute
+    # Host seconds each local expert adds to a MoE block pass (forward and backward) beyond the block's
+    # own (ModelParams moe_block_host_s; costmodel/compute.py `moe_host_floor_s`): a Python module call
+    # per expert (DeepSpeed's loop) costs host time, a grouped GEMM that runs them all (torchtitan) or
+    # launches them from C++ (Transformer Engine's GroupedLinear) next to none.
+    host_s_per_local_expert: float = Field(0.0, ge=0)
 
 
 class EngineRules(BaseModel):

@@ -54,6 +54,10 @@ class PlanTable:
         """Per row, `field` of the row's engine rule table (service/catalog/engines/)."""
         return engine_table(field)[self.engine]
 
+    def expert_rule_column(self, field: str) -> np.ndarray:
+        """Per row, `field` of the row's engine's expert-parallel rule (`ExpertParallelRule`)."""
+        return expert_rule_table(field)[self.engine]
+
     def engine_is(self, field: str, value: str) -> np.ndarray:
         """Per row, whether its engine's `field` is `value` (compared on the engine table, not per row)."""
         return (engine_table(field) == value)[self.engine]
@@ -127,3 +131,8 @@ def concat(tables: list[PlanTable]) -> PlanTable:
 def engine_table(field: str) -> np.ndarray:
     """`field` of every engine's rule table, indexed by engine code (ENGINE_CODES' order)."""
     return np.array([getattr(engine_rules(e), field) for e in ENGINE_CODES])
+
+
+def expert_rule_table(field: str) -> np.ndarray:
+    """`field` of every engine's expert-parallel rule (`ExpertParallelRule`), indexed by engine code."""
+    return np.array([getattr(engine_rules(e).expert_parallel, field) for e in ENGINE_CODES])

@@ -69,6 +69,27 @@ def test_a_dense_model_has_no_moe_block_to_wait_for():
     assert _estimate(FLOORED, plan, llama).step_time_s == _estimate(PRIOR, plan, llama).step_time_s
 
 
+def test_deepspeeds_expert_loop_adds_host_time_per_local_expert():
+    """DeepSpeed calls each local expert's module in a Python loop (moe/experts.py): its rule adds host
+    time per local expert, measured by benchmarks/moe_host_time.py; the grouped layers add none."""
+    from service.spec.engine import engine_rules
+
+    per_expert = engine_rules("deepspeed").expert_parallel.host_s_per_local_expert
+    assert 1e-4 < per_expert < 2e-3
+    assert engine_rules("megatron").expert_parallel.host_s_per_local_expert == 0.0
+    assert engine_rules("fsdp").expert_parallel.host_s_per_local_expert == 0.0
+    # EP 2 on DeepSpeed: 64 local experts per rank. With the block term at 0, each of a micro-batch's 48
+    # block passes still takes at least 64 × per_expert on the host, longer than its GPU work.
+    ds = PLAN.model_copy(update={"engine": "deepspeed", "comm_overlap": False, "ep": 2})
+    e = _estimate(PRIOR, ds)
+    floor = 48 * 64 * per_expert
+    assert _passes_s(e) < 64 * floor
+    assert e.time_breakdown_s.host_wait == pytest.approx(64 * floor - _passes_s(e), abs=0.05)
+    # Megatron's grouped layer adds none: the same layout waits for nothing with the block term at 0.
+    megatron = ds.model_copy(update={"engine": "megatron", "comm_overlap": True})
+    assert _estimate(PRIOR, megatron).time_breakdown_s.host_wait == 0.0
+
+
 def test_the_cpu_stand_in_has_no_device_queue_to_wait_on():
     # A tiny MoE proxy: each block pass is far shorter than 20 ms on an H100, and on the CPU stand-in too.
     from service.spec import ModelSpec
