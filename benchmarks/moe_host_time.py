@@ -64,16 +64,21 @@ def _passes_s(modules: dict[str, torch.nn.Module], repeats: int) -> dict[str, fl
     return best
 
 
-def _moe(local: int) -> torch.nn.Module:
-    from deepspeed.moe.layer import MoE
-
+def _mlp() -> torch.nn.Module:
+    """The proxies' SwiGLU MLP (service/train/moe.py), HIDDEN in and out, WIDTH inside."""
     from service.spec.model import ModelSpec
+    from service.train import moe
     from service.train.model import llama_config
-    from service.train.moe import _mlp
 
     spec = ModelSpec(name="host-probe", num_layers=1, hidden_size=HIDDEN, num_attention_heads=4,
                      ffn_hidden_size=WIDTH, vocab_size=128)  # fmt: skip
-    layer = MoE(HIDDEN, expert=_mlp(llama_config(spec), WIDTH), num_experts=local, ep_size=1,
+    return moe._mlp(llama_config(spec), WIDTH)
+
+
+def _moe(local: int) -> torch.nn.Module:
+    from deepspeed.moe.layer import MoE
+
+    layer = MoE(HIDDEN, expert=_mlp(), num_experts=local, ep_size=1,
                 k=min(TOP_K, local), drop_tokens=False, use_residual=False,
                 top2_2nd_expert_sampling=False)  # fmt: skip
     layer.set_deepspeed_parallelism()
@@ -81,16 +86,10 @@ def _moe(local: int) -> torch.nn.Module:
 
 
 def measure(repeats: int) -> dict[str, Any]:
-    from service.spec.model import ModelSpec
-    from service.train.model import llama_config
-    from service.train.moe import _mlp
-
     torch.set_num_threads(1)
     torch.manual_seed(0)
     _init_single_rank()
-    spec = ModelSpec(name="host-probe", num_layers=1, hidden_size=HIDDEN, num_attention_heads=4,
-                     ffn_hidden_size=WIDTH, vocab_size=128)  # fmt: skip
-    modules = {"dense": _mlp(llama_config(spec), WIDTH)} | {str(k): _moe(k) for k in LOCAL_EXPERTS}
+    modules = {"dense": _mlp()} | {str(k): _moe(k) for k in LOCAL_EXPERTS}
     best = _passes_s(modules, repeats)
     dense_s, passes = best.pop("dense"), {int(k): v for k, v in best.items()}
     slope, intercept = np.polyfit(list(passes), list(passes.values()), 1)

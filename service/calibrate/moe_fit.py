@@ -6,8 +6,8 @@ GPU), weighted by 1/√(runs of its source), under a Cauchy loss of scale 0.1 (`
 `fit.SOFT_L1_SCALE`). The host time is a floor (costmodel/compute.py `moe_host_floor_s`): below every
 run's GPU time it moves nothing, so the loss is flat there and a gradient from the prior (0) goes
 nowhere. It is searched on a grid over its band instead (`COARSE_STEPS`, then `FINE_STEPS` around the
-best), the smallest value winning a tie. `loso` fits it once per source with that source left out, so
-each run is scored on a value fit without it.
+best), the smallest value winning a tie. `fit_with_loso` fits it once per source with that source left
+out, so each run is scored on a value fit without it.
 """
 
 from __future__ import annotations

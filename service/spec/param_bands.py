@@ -100,8 +100,8 @@ def default_bands() -> dict[str, Band]:
         ),
         # A MoE block's router, dispatcher preprocessing and per-expert launches cost the host more than a
         # small micro-batch's GPU work, and the dispatcher's device-to-host copy of the token counts keeps
-        # the host from running ahead (costmodel/moe.py `host_floor_s`). Only published MoE runs identify
-        # it (benchmarks/moe_accuracy.py fits it leave-one-source-out); 0 a priori, no floor.
+        # the host from running ahead (costmodel/compute.py `moe_host_floor_s`). Only published MoE runs
+        # identify it (benchmarks/moe_accuracy.py fits it leave-one-source-out); 0 a priori, no floor.
         "moe_block_host_s": _band(
             0.0,
             0.0,

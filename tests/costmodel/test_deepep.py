@@ -14,6 +14,7 @@ from service.costmodel.step_time import effective_gpu, links
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import load_params
 from service.spec.plan_table import PlanTable
+from tests.costmodel.conftest import seed_experiment_with
 
 V3, QWEN = load_model("deepseek-v3"), load_model("qwen3-235b-a22b")
 
@@ -83,10 +84,6 @@ def test_inside_one_node_and_for_other_engines_the_exchange_is_unchanged():
 
 
 def test_deepep_is_megatrons_and_groups_divide_the_experts(tmp_path, capsys):
-    from pathlib import Path
-
-    import yaml
-
     from service.cli.main import main
     from service.spec import SpecError, load_experiment
     from service.spec.errors import validate_as
@@ -97,13 +94,8 @@ def test_deepep_is_megatrons_and_groups_divide_the_experts(tmp_path, capsys):
             MoESpec, dict(num_experts=256, experts_per_token=8, expert_ffn_hidden_size=2048, expert_groups=7)
         )
     assert info.value.field == "expert_groups" and "a divisor of 256" in info.value.message
-    root = Path(__file__).resolve().parents[2]
-    data = yaml.safe_load((root / "experiments/llama2-13b-32xh100.yaml").read_text())
-    data["workload"]["moe_dispatcher"] = "deepep"
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as info:
-        load_experiment(path)
+        load_experiment(seed_experiment_with(tmp_path, moe_dispatcher="deepep"))
     assert info.value.field == "workload.moe_dispatcher" and "add megatron to engines" in info.value.message
     flags = ["estimate", "--model", "qwen3-235b-a22b", "--gpu", "h100-sxm-80gb", "--gpus", "32", "--ep", "32"]
     flags += ["--zero", "1", "--grad-accum", "8", "--moe-dispatcher", "deepep"]

@@ -11,6 +11,7 @@ from service.catalog import load_model
 from service.costmodel.estimate import estimate
 from service.spec import ClusterSpec, Plan, Workload
 from service.spec.params import load_params
+from tests.costmodel.conftest import seed_experiment_with
 
 QWEN = load_model("qwen3-30b-a3b")
 CLUSTER = ClusterSpec(gpu="h100-sxm-80gb", num_nodes=2)
@@ -108,10 +109,6 @@ def test_the_cpu_stand_in_has_no_device_queue_to_wait_on():
 
 
 def test_bad_cuda_graph_scope_is_one_line_naming_the_field(tmp_path, capsys):
-    from pathlib import Path
-
-    import yaml
-
     from service.cli.main import main
     from service.spec import SpecError, load_experiment
     from service.spec.errors import validate_as
@@ -120,13 +117,8 @@ def test_bad_cuda_graph_scope_is_one_line_naming_the_field(tmp_path, capsys):
         validate_as(Workload, dict(seq_len=4096, global_batch_sequences=8, tokens_to_train=1e9,
                                    cuda_graph_scope=["moe_routr"]))  # fmt: skip
     assert info.value.field.startswith("cuda_graph_scope") and "moe_router" in info.value.message
-    root = Path(__file__).resolve().parents[2]
-    data = yaml.safe_load((root / "experiments/llama2-13b-32xh100.yaml").read_text())
-    data["workload"]["cuda_graph_scope"] = ["moe_router", "moe_preprocess"]
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as info:
-        load_experiment(path)
+        load_experiment(seed_experiment_with(tmp_path, cuda_graph_scope=["moe_router", "moe_preprocess"]))
     assert info.value.field == "workload.cuda_graph_scope" and "add megatron to engines" in info.value.message
     flags = ["estimate", "--model", "qwen3-30b-a3b", "--gpu", "h100-sxm-80gb", "--gpus", "16", "--ep", "16"]
     flags += ["--zero", "1", "--grad-accum", "64", "--cuda-graph-scope", "moe_router", "moe_preprocess"]
